@@ -1,0 +1,26 @@
+"""airstream: a torch.compile backend for custom FX passes and multi-stream execution.
+
+config = airstream.CompilerConfig()
+config.post_grad_custom_pre_pass = my_pass
+opt = torch.compile(model, backend=airstream.get_backend(compiler_config=config))
+"""
+
+from airstream import ops
+from airstream.backend import get_backend, get_compiler, get_npu_backend
+from airstream.config import CompilerConfig
+from airstream.errors import ConfigError, PassError, StreamError
+from airstream.ops.stream import stream
+
+__all__ = [
+    "CompilerConfig",
+    "ConfigError",
+    "PassError",
+    "StreamError",
+    "get_backend",
+    "get_compiler",
+    "get_npu_backend",
+    "ops",
+    "stream",
+]
+
+__version__ = "0.1.0"

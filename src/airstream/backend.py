@@ -1,0 +1,205 @@
+"""The torch.compile entry: Dynamo graph -> AOTAutograd -> pass pipeline -> streams -> executor.
+
+``get_backend(config)`` returns the backend for ``torch.compile(backend=...)``; the name
+``"airstream"`` is registered through the ``torch_dynamo_backends`` entry point and takes
+``options={"debug.run_eagerly": True, ...}``. AOTAutograd runs with
+``keep_inference_input_mutations`` from the config, airstream's decomposition table, and a
+partitioner that keeps every air op in the forward graph. Inference, training-forward and
+training-backward graphs each go through the pipeline separately.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+from functorch.compile import min_cut_rematerialization_partition
+from torch._dynamo.backends.common import aot_autograd
+
+import airstream.ops.library  # noqa: F401  (registers the air ops)
+from airstream.config import CompilerConfig
+from airstream.decompositions import decomposition_table
+from airstream.errors import ConfigError
+from airstream.ops.library import is_air_op
+from airstream.passes.manager import PassManager, PassResult
+from airstream.runtime.serial import SerialExecutor
+from airstream.schedule.streams import StreamAssignment, assign_streams
+
+__all__ = [
+    "AirstreamBackend",
+    "CompiledGraph",
+    "GraphCompiler",
+    "get_backend",
+    "get_compiler",
+    "get_npu_backend",
+    "registered_backend",
+]
+
+GRAPH_KINDS = ("inference", "forward", "backward")
+
+
+@dataclass(frozen=True)
+class CompiledGraph:
+    """One compiled graph: its kind, the optimized graph, its streams, the passes and executor."""
+
+    kind: str
+    graph_module: torch.fx.GraphModule
+    streams: StreamAssignment
+    passes: tuple[PassResult, ...]
+    executor: SerialExecutor
+
+
+def _keep_air_ops_in_forward(joint: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+    """Partition like Inductor, with every air op pinned to the forward graph.
+
+    Air ops are side-effectful; untagged, the partitioner would copy them into the backward
+    graph. Backward nodes get their streams from the ``air_stream`` annotation instead.
+    """
+    for node in joint.graph.nodes:
+        if node.op == "call_function" and is_air_op(node.target):
+            node.meta["partitioner_tag"] = "must_be_in_forward"
+    return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+
+
+def _warn_unimplemented(config: CompilerConfig) -> None:
+    if config.mode == "max-autotune":
+        warnings.warn(
+            "airstream: mode='max-autotune' (Inductor segments per stream) is not implemented "
+            "yet; running the 'reduce-overhead' path (generated aten code)",
+            stacklevel=3,
+        )
+    if config.debug.graph_dump.type is not None:
+        warnings.warn(
+            f"airstream: debug.graph_dump.type={config.debug.graph_dump.type!r} is not "
+            "implemented yet; no graph dump is written (see CompiledGraph records on the "
+            "backend, or `airstream demo`)",
+            stacklevel=3,
+        )
+
+
+def _graph_kind(gm: torch.fx.GraphModule) -> str:
+    """Backward graphs take tangents; anything else compiled by a fw_compiler is a forward."""
+    for node in gm.graph.find_nodes(op="placeholder"):
+        if node.name.startswith("tangents"):
+            return "backward"
+    return "forward"
+
+
+class GraphCompiler:
+    """An AOTAutograd graph compiler: ``(gm, example_inputs) -> boxed callable``."""
+
+    def __init__(
+        self,
+        config: CompilerConfig,
+        kind: str | None,
+        on_compiled: Callable[[CompiledGraph], None] | None = None,
+    ) -> None:
+        if kind is not None and kind not in GRAPH_KINDS:
+            raise ValueError(f"graph kind must be one of {GRAPH_KINDS}, got {kind!r}")
+        self.config = config
+        self.kind = kind
+        self.on_compiled = on_compiled
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> SerialExecutor:
+        kind = self.kind or _graph_kind(gm)
+        _warn_unimplemented(self.config)
+        results = PassManager(self.config).run(gm, example_inputs, kind)
+        streams = assign_streams(
+            gm, single_stream=self.config.ge_config.enable_single_stream, graph_kind=kind
+        )
+        executor = SerialExecutor(gm)
+        if self.on_compiled is not None:
+            self.on_compiled(CompiledGraph(kind, gm, streams, tuple(results), executor))
+        return executor
+
+
+class AirstreamBackend:
+    """The callable handed to ``torch.compile(backend=...)``.
+
+    ``graphs`` lists every graph compiled through this backend (a CompiledGraph each), for
+    inspection in tests, notebooks and tools; it is only written at compile time.
+    """
+
+    def __init__(
+        self,
+        config: CompilerConfig,
+        decompositions: Mapping[Any, Callable[..., Any]] | None = None,
+    ) -> None:
+        self.config = config
+        self.decompositions = decomposition_table(decompositions)
+        self.graphs: list[CompiledGraph] = []
+        self._lock = threading.Lock()
+
+    def _record(self, compiled: CompiledGraph) -> None:
+        with self._lock:
+            self.graphs.append(compiled)
+
+    def __call__(
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
+    ) -> Callable[..., Any]:
+        config = self.config
+        aot = aot_autograd(
+            fw_compiler=GraphCompiler(config, "forward", self._record),
+            bw_compiler=GraphCompiler(config, "backward", self._record),
+            inference_compiler=GraphCompiler(config, "inference", self._record),
+            decompositions=self.decompositions,
+            partition_fn=_keep_air_ops_in_forward,
+            keep_inference_input_mutations=config.experimental_config.keep_inference_input_mutations,
+        )
+        return aot(gm, example_inputs)
+
+    def __repr__(self) -> str:
+        return f"AirstreamBackend({self.config!r})"
+
+
+def _check_config(config: Any) -> CompilerConfig:
+    if config is None:
+        return CompilerConfig()
+    if not isinstance(config, CompilerConfig):
+        raise TypeError(
+            f"compiler_config must be an airstream.CompilerConfig, got {type(config).__name__}"
+        )
+    return config
+
+
+def get_backend(
+    compiler_config: CompilerConfig | None = None,
+    *,
+    decompositions: Mapping[Any, Callable[..., Any]] | None = None,
+) -> AirstreamBackend:
+    """The backend for ``torch.compile(model, backend=get_backend(config))``.
+
+    The config object is read at compile time (each graph), and is the object passes receive.
+    ``decompositions`` adds entries to airstream's (empty by default) decomposition table.
+    """
+    return AirstreamBackend(_check_config(compiler_config), decompositions)
+
+
+get_npu_backend = get_backend
+
+
+def get_compiler(compiler_config: CompilerConfig | None = None) -> GraphCompiler:
+    """An AOTAutograd ``fw_compiler`` (also usable as ``bw_compiler``) running airstream's pipeline.
+
+    For users who call ``aot_module_simplified`` themselves. The graph kind is inferred: a graph
+    with ``tangents`` inputs is a backward graph, anything else a forward graph.
+    """
+    return GraphCompiler(_check_config(compiler_config), None)
+
+
+def registered_backend(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    options: Mapping[str, Any] | None = None,
+) -> Callable[..., Any]:
+    """``torch.compile(m, backend="airstream", options={"debug.run_eagerly": True, ...})``."""
+    try:
+        config = CompilerConfig.from_options(options)
+    except ConfigError as exc:
+        raise ConfigError(f"torch.compile(backend='airstream', options=...): {exc}") from None
+    return AirstreamBackend(config)(gm, example_inputs)

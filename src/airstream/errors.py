@@ -1,0 +1,37 @@
+"""Error types raised by airstream.
+
+Every error says what happened, where (pass, node, source line, option) and what to do.
+"""
+
+from __future__ import annotations
+
+__all__ = ["AirstreamError", "ConfigError", "PassError", "StreamError"]
+
+
+class AirstreamError(Exception):
+    """Base class of the errors airstream raises on purpose."""
+
+
+class ConfigError(AirstreamError, ValueError):
+    """An unknown option name or a value outside an option's allowed values."""
+
+
+class PassError(AirstreamError):
+    """A graph pass raised, or left the graph invalid.
+
+    Attributes:
+        pass_name: qualified name of the failing pass.
+        stage: the pipeline stage it ran in (``post_grad_custom_pre_pass``, ``builtin``,
+            ``post_grad_custom_post_pass``).
+        graph_kind: ``inference``, ``forward`` or ``backward``.
+    """
+
+    def __init__(self, message: str, *, pass_name: str, stage: str, graph_kind: str) -> None:
+        super().__init__(message)
+        self.pass_name = pass_name
+        self.stage = stage
+        self.graph_kind = graph_kind
+
+
+class StreamError(AirstreamError):
+    """The stream program in a graph is invalid (unpaired scopes, bad waits, deadlock)."""

@@ -1,0 +1,1 @@
+"""Example models and passes shipped with airstream (used by the demo, docs and tests)."""

@@ -1,0 +1,49 @@
+"""Small read-only helpers about FX nodes, shared by passes, analysis and error messages."""
+
+from __future__ import annotations
+
+import re
+
+import torch.fx
+
+__all__ = ["describe", "source_line", "target_name"]
+
+_FRAME = re.compile(
+    r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)\n(?P<code>[^\n]*)'
+)
+
+
+def target_name(node: torch.fx.Node) -> str:
+    """``aten.mm.default``-style name of a node's target (or its op for non-calls)."""
+    if node.op != "call_function":
+        return node.op
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.namespace}.{target._opname}.{target._overloadname}"
+    return getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
+
+
+def source_line(node: torch.fx.Node) -> str | None:
+    """``file.py:12 `code``` for the user source line a node was traced from, if known."""
+    trace = node.meta.get("stack_trace")
+    if not trace:
+        return None
+    frames = list(_FRAME.finditer(trace))
+    if not frames:
+        return None
+    last = frames[-1]
+    code = last.group("code").strip()
+    where = f"{last.group('file')}:{last.group('line')}"
+    return f"{where} `{code}`" if code else where
+
+
+def describe(node: torch.fx.Node) -> str:
+    """One-line description for messages: name, target, and source line or inserting pass."""
+    text = f"node {node.name!r} ({target_name(node)})"
+    line = source_line(node)
+    if line:
+        return f"{text} at {line}"
+    inserted_by = node.meta.get("air_inserted_by")
+    if inserted_by:
+        return f"{text}, inserted by pass {inserted_by!r} (no source line)"
+    return f"{text} (no source line recorded)"

@@ -1,0 +1,97 @@
+"""The ``air`` operator namespace: stream scope markers and event ops.
+
+Schemas (fixed by DESIGN.md, shared with TorchAir)::
+
+    air::scope_enter(str[] keys, str[] values, bool need_execute=False) -> ()
+    air::scope_exit(bool need_execute=False) -> ()
+    air::record(*, Device? device=None) -> Tensor
+    air::wait(Tensor[] x) -> ()
+    air::wait_tensor(Tensor self, Tensor dependency) -> Tensor
+
+Eager kernels are no-ops (eager PyTorch runs everything in program order, so every ordering the
+ops ask for already holds); ``wait_tensor`` returns ``self``. Registration makes the compiler
+keep them: they are side-effectful for FX dead-code elimination, and the backend tags them so the
+partitioner never copies them into backward graphs and CSE never merges them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.fx.node import has_side_effect
+
+__all__ = ["AIR_OPS", "MARKER_OPS", "STREAM_LABEL_KEY", "STREAM_PRIORITY_KEY", "is_air_op"]
+
+STREAM_LABEL_KEY = "_user_stream_label"
+STREAM_PRIORITY_KEY = "_user_stream_priority"
+
+_lib = torch.library.Library("air", "DEF")  # the air namespace is ours
+_lib.define("scope_enter(str[] keys, str[] values, bool need_execute=False) -> ()")
+_lib.define("scope_exit(bool need_execute=False) -> ()")
+_lib.define("record(*, Device? device=None) -> Tensor")
+_lib.define("wait(Tensor[] x) -> ()")
+_lib.define("wait_tensor(Tensor self, Tensor dependency) -> Tensor")
+
+
+def _scope_enter(keys: Sequence[str], values: Sequence[str], need_execute: bool = False) -> None:
+    return None
+
+
+def _scope_exit(need_execute: bool = False) -> None:
+    return None
+
+
+def _record(*, device: torch.device | None = None) -> torch.Tensor:
+    # The token is an empty tensor: cheap, and it gives `wait` a Tensor[] argument to hold.
+    return torch.empty(0, device=device)
+
+
+def _wait(x: Sequence[torch.Tensor]) -> None:
+    return None
+
+
+def _wait_tensor_eager(self: torch.Tensor, dependency: torch.Tensor) -> torch.Tensor:
+    return self
+
+
+def _wait_tensor_fake(self: torch.Tensor, dependency: torch.Tensor) -> torch.Tensor:
+    # A traced graph must not see an output aliasing an input of a non-view op.
+    return torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device=self.device)
+
+
+for _name, _eager, _fake in [
+    ("scope_enter", _scope_enter, _scope_enter),
+    ("scope_exit", _scope_exit, _scope_exit),
+    ("record", _record, _record),
+    ("wait", _wait, _wait),
+    ("wait_tensor", _wait_tensor_eager, _wait_tensor_fake),
+]:
+    _lib.impl(_name, _eager, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"air::{_name}", _fake, lib=_lib)
+
+
+def _wait_tensor_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    # wait_tensor is the identity on `self`; `dependency` only orders work.
+    return grad, None
+
+
+torch.library.register_autograd("air::wait_tensor", _wait_tensor_backward, lib=_lib)
+
+scope_enter = torch.ops.air.scope_enter.default
+scope_exit = torch.ops.air.scope_exit.default
+record = torch.ops.air.record.default
+wait = torch.ops.air.wait.default
+wait_tensor = torch.ops.air.wait_tensor.default
+
+MARKER_OPS = frozenset({scope_enter, scope_exit})
+AIR_OPS = frozenset({scope_enter, scope_exit, record, wait, wait_tensor})
+
+for _op in AIR_OPS:
+    has_side_effect(_op)
+
+
+def is_air_op(target: object) -> bool:
+    """True if ``target`` (an FX node target) is one of the ``air`` ops."""
+    return target in AIR_OPS

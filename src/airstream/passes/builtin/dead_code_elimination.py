@@ -1,0 +1,39 @@
+"""Built-in pass: dead-code elimination.
+
+Switch: ``experimental_config.eliminate_dead_code`` (default on).
+
+Before::
+
+    mm = aten.mm.default(x, x)
+    unused = aten.abs.default(mm)
+    record = air.record.default()          # side-effectful: kept even with no users
+    add = aten.add.Tensor(mm, 1)
+    return (add,)
+
+After::
+
+    mm = aten.mm.default(x, x)
+    record = air.record.default()
+    add = aten.add.Tensor(mm, 1)
+    return (add,)
+
+Uses FX's own ``eliminate_dead_code``: nodes are only erased, never moved. Air ops are
+registered side-effectful and RNG ops count as impure, so neither is ever removed (removing an
+unused ``rand`` would shift the random stream of every later op).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch.fx
+
+__all__ = ["dead_code_elimination"]
+
+
+def dead_code_elimination(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Any
+) -> None:
+    """Erase nodes whose results are unused and that have no side effect."""
+    gm.graph.eliminate_dead_code()

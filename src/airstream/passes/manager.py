@@ -1,0 +1,147 @@
+"""The pass pipeline: custom pre pass(es) -> built-in passes -> custom post pass(es).
+
+Every pass is called as ``fn(gm, example_inputs, config)`` and edits ``gm.graph`` in place; its
+return value is ignored. Around each pass the manager (not the pass) does the bookkeeping: it
+times it, tags the nodes it added (``meta["air_inserted_by"]``), refills ``meta["val"]`` for them,
+recompiles, and with ``debug.verify_passes`` lints the graph and re-checks all metadata. Built-ins
+are also checked never to remove, merge or move an air op. Any failure becomes a
+:class:`~airstream.errors.PassError` naming the pass, its stage and the graph kind.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch.fx
+
+from airstream.config import CompilerConfig
+from airstream.errors import PassError
+from airstream.passes.builtin import BUILTIN_PASSES
+from airstream.passes.meta import check_meta, fill_meta
+from airstream.passes.regions import air_layout
+
+__all__ = ["PassManager", "PassResult", "PassSpec", "STAGES", "pass_name"]
+
+log = logging.getLogger("airstream.passes")
+
+PRE, BUILTIN, POST = "post_grad_custom_pre_pass", "builtin", "post_grad_custom_post_pass"
+STAGES = (PRE, BUILTIN, POST)
+
+GraphPass = Callable[[torch.fx.GraphModule, Sequence[Any], CompilerConfig], Any]
+
+
+def pass_name(fn: Callable[..., Any]) -> str:
+    """A readable, qualified name for a pass callable."""
+    qualname = getattr(fn, "__qualname__", None)
+    if qualname is None:
+        return type(fn).__qualname__
+    module = getattr(fn, "__module__", None)
+    name = f"{module}.{qualname}" if module else qualname
+    code = getattr(fn, "__code__", None)
+    if "<lambda>" in qualname and code is not None:
+        name += f" ({code.co_filename}:{code.co_firstlineno})"
+    return name
+
+
+@dataclass(frozen=True)
+class PassSpec:
+    """One pass in the pipeline."""
+
+    name: str
+    stage: str
+    fn: GraphPass
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """What one pass did to one graph: timing and node counts."""
+
+    name: str
+    stage: str
+    graph_kind: str
+    seconds: float
+    nodes_before: int
+    nodes_after: int
+
+
+def _slot(value: Any) -> tuple[GraphPass, ...]:
+    if value is None:
+        return ()
+    if callable(value):
+        return (value,)
+    return tuple(value)
+
+
+class PassManager:
+    """Runs the configured passes over a graph, with the instruments around each one."""
+
+    def __init__(self, config: CompilerConfig) -> None:
+        self.config = config
+        specs = [PassSpec(pass_name(fn), PRE, fn) for fn in _slot(config.post_grad_custom_pre_pass)]
+        for option, fn in BUILTIN_PASSES:
+            if config.get_option(option):
+                specs.append(PassSpec(fn.__name__, BUILTIN, fn))
+        specs += [
+            PassSpec(pass_name(fn), POST, fn) for fn in _slot(config.post_grad_custom_post_pass)
+        ]
+        self.passes: tuple[PassSpec, ...] = tuple(specs)
+
+    def run(
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], graph_kind: str
+    ) -> list[PassResult]:
+        """Run every pass on ``gm`` in order; return a result per pass."""
+        results = []
+        for spec in self.passes:
+            results.append(self._run_one(spec, gm, example_inputs, graph_kind))
+        return results
+
+    def _error(self, spec: PassSpec, kind: str, message: str) -> PassError:
+        return PassError(
+            f"pass {spec.name!r} (stage {spec.stage}) on the {kind} graph: {message}",
+            pass_name=spec.name,
+            stage=spec.stage,
+            graph_kind=kind,
+        )
+
+    def _run_one(
+        self, spec: PassSpec, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str
+    ) -> PassResult:
+        before_nodes = set(gm.graph.nodes)
+        layout = air_layout(gm.graph) if spec.stage == BUILTIN else None
+        start = time.perf_counter()
+        try:
+            spec.fn(gm, example_inputs, self.config)
+        except Exception as exc:
+            raise self._error(spec, kind, f"raised {type(exc).__name__}: {exc}") from exc
+        seconds = time.perf_counter() - start
+        for node in gm.graph.nodes:
+            if node not in before_nodes:
+                node.meta.setdefault("air_inserted_by", spec.name)
+        try:
+            fill_meta(gm, example_inputs)
+            gm.recompile()
+        except Exception as exc:
+            raise self._error(
+                spec, kind, f"left a graph that cannot be compiled: {type(exc).__name__}: {exc}"
+            ) from exc
+        if layout is not None:
+            moved = air_layout(gm.graph).moved_since(layout)
+            if moved:
+                raise self._error(spec, kind, f"a built-in pass changed the air ops: {moved}")
+        if self.config.debug.verify_passes:
+            try:
+                gm.graph.lint()
+                check_meta(gm, example_inputs)
+            except Exception as exc:
+                raise self._error(
+                    spec, kind, f"left the graph invalid: {type(exc).__name__}: {exc}"
+                ) from exc
+        result = PassResult(
+            spec.name, spec.stage, kind, seconds, len(before_nodes), len(gm.graph.nodes)
+        )
+        log.debug("%s", result)
+        return result

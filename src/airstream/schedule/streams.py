@@ -1,0 +1,228 @@
+"""Stream analysis: which stream each node runs on, and the checks that reject bad graphs.
+
+Rules (DESIGN.md section 3): the main stream is label ``None``; a node between ``scope_enter``
+(key ``_user_stream_label``) and its matching ``scope_exit`` runs on that label, scopes nest and
+the innermost label wins; a node outside every stream scope may carry
+``node.meta["custom"]["air_stream"]``; else it is on the main stream. Other scope keys are kept in
+``node.meta["air_scope"]``. With ``ge_config.enable_single_stream`` every node is on main.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import torch
+import torch.fx
+
+from airstream.errors import StreamError
+from airstream.nodes import describe
+from airstream.ops.library import (
+    STREAM_LABEL_KEY,
+    STREAM_PRIORITY_KEY,
+    record,
+    scope_enter,
+    scope_exit,
+    wait,
+    wait_tensor,
+)
+from airstream.ops.stream import STREAM_ANNOTATION, STREAM_PRIORITY_ANNOTATION
+
+__all__ = ["StreamAssignment", "assign_streams"]
+
+_GRAPH_BREAK_HINT = (
+    "A graph break inside a stream scope is the usual cause: the graph ends (or starts) inside "
+    "the scope. Find the break with torch.compile(..., fullgraph=True) or "
+    "torch._dynamo.explain, and remove it; a custom pass must insert scope_enter and scope_exit "
+    "in pairs within one graph."
+)
+
+
+@dataclass(frozen=True)
+class StreamAssignment:
+    """The result of stream analysis: plain data, keyed by node name.
+
+    Attributes:
+        stream_of: every ``call_function`` node's stream label (``None`` = main stream); air
+            markers get the stream of the position they sit at.
+        streams: the labels in order of first use, main stream (``None``) first.
+        priorities: priority per side-stream label (from the scope or the annotation).
+        scope_attrs: per node, the non-stream scope keys in force (e.g. TorchAir's
+            ``_super_kernel_scope``), for nodes that have any.
+    """
+
+    stream_of: Mapping[str, str | None]
+    streams: tuple[str | None, ...]
+    priorities: Mapping[str, int] = field(default_factory=dict)
+    scope_attrs: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+    def stream(self, node: torch.fx.Node | str) -> str | None:
+        """The stream label of ``node`` (a node or its name)."""
+        name = node if isinstance(node, str) else node.name
+        return self.stream_of[name]
+
+    def nodes_on(self, label: str | None) -> list[str]:
+        """Names of the nodes on stream ``label``, in graph order."""
+        return [name for name, s in self.stream_of.items() if s == label]
+
+    @property
+    def side_streams(self) -> tuple[str, ...]:
+        """The labels of all streams other than main."""
+        return tuple(s for s in self.streams if s is not None)
+
+
+@dataclass
+class _Scope:
+    node: torch.fx.Node
+    label: str | None
+    attrs: dict[str, str]
+
+
+def _parse_enter(node: torch.fx.Node) -> _Scope:
+    keys = node.kwargs.get("keys", node.args[0] if node.args else None)
+    values = node.kwargs.get("values", node.args[1] if len(node.args) > 1 else None)
+    if not isinstance(keys, (list, tuple)) or not isinstance(values, (list, tuple)):
+        raise StreamError(f"{describe(node)}: scope_enter needs two lists, keys and values")
+    if len(keys) != len(values):
+        raise StreamError(
+            f"{describe(node)}: scope_enter has {len(keys)} keys but {len(values)} values; "
+            "pass one value per key"
+        )
+    attrs = {str(k): str(v) for k, v in zip(keys, values, strict=True)}
+    label = attrs.pop(STREAM_LABEL_KEY, None)
+    if label is not None and not label:
+        raise StreamError(f"{describe(node)}: the stream label ({STREAM_LABEL_KEY}) is empty")
+    return _Scope(node, label, attrs)
+
+
+def _parse_priority(node: torch.fx.Node, raw: object) -> int:
+    try:
+        return int(str(raw))
+    except ValueError:
+        raise StreamError(f"{describe(node)}: stream priority {raw!r} is not an integer") from None
+
+
+def _is_tensor_node(arg: object) -> bool:
+    return isinstance(arg, torch.fx.Node) and isinstance(arg.meta.get("val"), torch.Tensor)
+
+
+def _check_wait(node: torch.fx.Node) -> None:
+    deps = node.kwargs.get("x", node.args[0] if node.args else None)
+    if not isinstance(deps, (list, tuple)) or not deps:
+        raise StreamError(
+            f"{describe(node)}: wait needs a non-empty list of record tokens or tensors, "
+            f"got {deps!r}"
+        )
+    for i, dep in enumerate(deps):
+        if isinstance(dep, torch.fx.Node) and dep.target is record:
+            continue
+        if _is_tensor_node(dep):
+            continue
+        what = describe(dep) if isinstance(dep, torch.fx.Node) else repr(dep)
+        raise StreamError(
+            f"{describe(node)}: element {i} of wait's list is {what}, which is neither a "
+            "record token nor a tensor. Pass the node returned by air.record, or a node that "
+            "produces a tensor."
+        )
+
+
+def _check_wait_tensor(node: torch.fx.Node) -> None:
+    for i, name in enumerate(("self", "dependency")):
+        arg = node.kwargs.get(name, node.args[i] if len(node.args) > i else None)
+        if not _is_tensor_node(arg):
+            what = describe(arg) if isinstance(arg, torch.fx.Node) else repr(arg)
+            raise StreamError(
+                f"{describe(node)}: wait_tensor's {name!r} argument must be a node producing a "
+                f"tensor, got {what}"
+            )
+
+
+def _annotation(node: torch.fx.Node) -> tuple[str | None, int | None]:
+    custom = node.meta.get("custom") or {}
+    label = custom.get(STREAM_ANNOTATION)
+    if label is not None and (not isinstance(label, str) or not label):
+        raise StreamError(
+            f"{describe(node)}: node.meta['custom'][{STREAM_ANNOTATION!r}] must be a non-empty "
+            f"str stream label, got {label!r}"
+        )
+    priority = custom.get(STREAM_PRIORITY_ANNOTATION)
+    return label, None if priority is None else _parse_priority(node, priority)
+
+
+def assign_streams(
+    gm: torch.fx.GraphModule, *, single_stream: bool = False, graph_kind: str = "graph"
+) -> StreamAssignment:
+    """Decide every node's stream and check the stream program; raise StreamError if invalid.
+
+    Also records the non-stream scope keys of each node in ``node.meta["air_scope"]``.
+    """
+    stack: list[_Scope] = []
+    stream_of: dict[str, str | None] = {}
+    priorities: dict[str, int] = {}
+    scope_attrs: dict[str, dict[str, str]] = {}
+    order: dict[str | None, None] = {None: None}
+
+    def note_priority(node: torch.fx.Node, label: str, priority: int | None) -> None:
+        if priority is None:
+            return
+        old = priorities.setdefault(label, priority)
+        if old != priority:
+            warnings.warn(
+                f"airstream: stream {label!r} is given priority {priority} at {describe(node)} "
+                f"but priority {old} earlier in the {graph_kind} graph; using {old}",
+                stacklevel=2,
+            )
+
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is scope_exit:
+            if not stack:
+                raise StreamError(
+                    f"{describe(node)} in the {graph_kind} graph closes a scope that was never "
+                    f"opened (no matching scope_enter before it). {_GRAPH_BREAK_HINT}"
+                )
+            stack.pop()
+        label = next((s.label for s in reversed(stack) if s.label is not None), None)
+        if label is None:  # outside every stream scope: the annotation decides
+            label, priority = _annotation(node)
+            if label is not None and not single_stream:
+                note_priority(node, label, priority)
+        attrs: dict[str, str] = {}
+        for scope in stack:
+            attrs.update(scope.attrs)
+        if single_stream:
+            label = None
+        stream_of[node.name] = label
+        order.setdefault(label, None)
+        if attrs:
+            scope_attrs[node.name] = attrs
+            node.meta["air_scope"] = dict(attrs)
+        if node.target is scope_enter:
+            scope = _parse_enter(node)
+            if scope.label is not None:
+                raw = scope.attrs.pop(STREAM_PRIORITY_KEY, None)
+                prio = None if raw is None else _parse_priority(node, raw)
+                if not single_stream:
+                    note_priority(node, scope.label, prio)
+            stack.append(scope)
+        elif node.target is wait:
+            _check_wait(node)
+        elif node.target is wait_tensor:
+            _check_wait_tensor(node)
+
+    if stack:
+        scope = stack[-1]
+        what = f"stream scope {scope.label!r}" if scope.label else f"scope {scope.attrs}"
+        raise StreamError(
+            f"{describe(scope.node)} in the {graph_kind} graph opens {what} that is never closed "
+            f"(no matching scope_exit). {_GRAPH_BREAK_HINT}"
+        )
+    return StreamAssignment(
+        stream_of=MappingProxyType(stream_of),
+        streams=tuple(order),
+        priorities=MappingProxyType(priorities),
+        scope_attrs=MappingProxyType({k: MappingProxyType(v) for k, v in scope_attrs.items()}),
+    )
