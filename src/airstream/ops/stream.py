@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 
 import torch
+import torch._dynamo.decorators
 import torch.fx.traceback as fx_traceback
 
 from airstream.ops.library import STREAM_LABEL_KEY, STREAM_PRIORITY_KEY
@@ -17,14 +19,24 @@ STREAM_ANNOTATION = "air_stream"
 STREAM_PRIORITY_ANNOTATION = "air_stream_priority"
 
 
+@torch._dynamo.decorators.skip  # never traced, and the frame hook stays visible inside
+def _under_torch_compile() -> bool:
+    """True when eager code runs inside a torch.compile'd call (Dynamo's frame hook is set)."""
+    get_callback = getattr(torch._C._dynamo.eval_frame, "get_eval_frame_callback", None)
+    return get_callback is not None and get_callback() not in (None, False)
+
+
 @contextlib.contextmanager
 def stream(label: str, priority: int = 0) -> Iterator[None]:
     """Run the ops traced inside this block on stream ``label``.
 
     Under ``torch.compile`` Dynamo traces the block as ``air.scope_enter``/``air.scope_exit``
     markers (forward and inference graphs) and as the ``air_stream`` node annotation, which also
-    reaches backward graphs. In eager mode it does nothing. A graph break inside the block leaves
-    an unpaired scope in the graph and compilation fails with a StreamError that says so.
+    reaches backward graphs. In eager mode it does nothing.
+
+    A graph break inside the block makes Dynamo give up on the whole frame and run it eagerly
+    (results stay correct, the streams are lost); airstream then warns, naming the label, since
+    the block ran eagerly under torch.compile. Find the break with ``fullgraph=True``.
 
     Args:
         label: the stream's name; the same label is the same stream everywhere.
@@ -35,6 +47,14 @@ def stream(label: str, priority: int = 0) -> Iterator[None]:
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise ValueError(f"airstream.stream: priority must be an int, got {priority!r}")
     if not torch.compiler.is_compiling():
+        if _under_torch_compile():
+            warnings.warn(
+                f"airstream.stream({label!r}) ran eagerly inside a torch.compile'd call: Dynamo "
+                "fell back to eager for this frame, usually because of a graph break inside the "
+                "stream block, so its ops run without streams. Compile with fullgraph=True to "
+                "see the break, and move it out of the block.",
+                stacklevel=3,
+            )
         yield
         return
     torch.ops.air.scope_enter([STREAM_LABEL_KEY, STREAM_PRIORITY_KEY], [label, str(priority)])

@@ -44,9 +44,10 @@ def strip_air_ops(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 class SerialExecutor:
     """Boxed callable (AOTAutograd convention: takes the argument list) running one graph."""
 
-    _boxed_call = True
-
     def __init__(self, gm: torch.fx.GraphModule) -> None:
+        # An instance attribute, so wrappers made with functools.wraps (AOTAutograd wraps the
+        # backward compiler's result) copy it and keep calling us boxed.
+        self._boxed_call = True
         self.module = strip_air_ops(gm)
         self._forward = self.module.forward
 

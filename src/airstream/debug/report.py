@@ -1,0 +1,83 @@
+"""Text views of an optimized graph: each node's stream, and the record -> wait control edges."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.fx
+
+from airstream.nodes import source_line, target_name
+from airstream.ops.library import record, scope_enter, scope_exit, wait, wait_tensor
+from airstream.schedule.streams import StreamAssignment
+
+__all__ = ["ControlEdge", "control_edges", "format_streams", "stream_name"]
+
+
+def stream_name(label: str | None) -> str:
+    """Display name of a stream label (``main`` for the main stream)."""
+    return "main" if label is None else label
+
+
+@dataclass(frozen=True)
+class ControlEdge:
+    """An ordering edge that is not a data edge: ``source`` must finish before ``target`` starts."""
+
+    kind: str  # "record->wait" or "wait_tensor"
+    source: str
+    source_stream: str | None
+    target: str
+    target_stream: str | None
+
+    def __str__(self) -> str:
+        return (
+            f"{self.kind}: {self.source} [{stream_name(self.source_stream)}] -> "
+            f"{self.target} [{stream_name(self.target_stream)}]"
+        )
+
+
+def control_edges(gm: torch.fx.GraphModule, streams: StreamAssignment) -> list[ControlEdge]:
+    """The record->wait and wait_tensor edges of ``gm``, in graph order."""
+    edges = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is wait:
+            for dep in node.args[0]:
+                kind = "record->wait" if dep.target is record else "tensor->wait"
+                edges.append(
+                    ControlEdge(
+                        kind, dep.name, streams.stream(dep), node.name, streams.stream(node)
+                    )
+                )
+        elif node.target is wait_tensor:
+            dep = node.args[1]
+            edges.append(
+                ControlEdge(
+                    "wait_tensor", dep.name, streams.stream(dep), node.name, streams.stream(node)
+                )
+            )
+    return edges
+
+
+def format_streams(gm: torch.fx.GraphModule, streams: StreamAssignment) -> str:
+    """One line per node: stream, node, target and source line; markers shown as brackets."""
+    width = max([len(stream_name(s)) for s in streams.streams] + [6])
+    lines = [f"{'stream':<{width}}  node"]
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            continue
+        if node.op == "output":
+            outs = ", ".join(str(a) for a in torch.fx.node.map_arg(node.args[0], lambda n: n.name))
+            lines.append(f"{'':<{width}}  return {outs}")
+            continue
+        label = stream_name(streams.stream(node)) if node.op == "call_function" else ""
+        if node.target is scope_enter:
+            text = f"[scope_enter {dict(zip(node.args[0], node.args[1], strict=True))}]"
+        elif node.target is scope_exit:
+            text = "[scope_exit]"
+        else:
+            args = ", ".join(str(a) for a in node.args)
+            text = f"{node.name} = {target_name(node)}({args})"
+        where = source_line(node)
+        lines.append(f"{label:<{width}}  {text}" + (f"    # {where}" if where else ""))
+    return "\n".join(lines)

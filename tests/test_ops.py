@@ -1,0 +1,80 @@
+"""The air ops: schemas, eager behaviour, registration, and the Python wrappers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.fx.node import _side_effectful_functions
+
+import airstream
+from airstream.ops.library import AIR_OPS
+
+
+def test_schemas_match_design() -> None:
+    schemas = {str(op._schema) for op in AIR_OPS}
+    assert schemas == {
+        "air::scope_enter(str[] keys, str[] values, bool need_execute=False) -> ()",
+        "air::scope_exit(bool need_execute=False) -> ()",
+        "air::record(*, Device? device=None) -> Tensor",
+        "air::wait(Tensor[] x) -> ()",
+        "air::wait_tensor(Tensor self, Tensor dependency) -> Tensor",
+    }
+
+
+def test_all_air_ops_are_side_effectful() -> None:
+    for op in AIR_OPS:
+        assert op in _side_effectful_functions, op
+
+
+def test_eager_ops_are_noops() -> None:
+    assert torch.ops.air.scope_enter(["_user_stream_label"], ["s"]) is None
+    assert torch.ops.air.scope_exit() is None
+    token = torch.ops.air.record()
+    assert isinstance(token, torch.Tensor) and token.numel() == 0
+    assert torch.ops.air.wait([token]) is None
+    t, d = torch.randn(3), torch.randn(2)
+    assert torch.ops.air.wait_tensor(t, d) is t
+
+
+def test_wait_tensor_is_identity_for_autograd() -> None:
+    x = torch.randn(4, requires_grad=True)
+    dep = torch.randn(4, requires_grad=True)
+    y = airstream.ops.wait_tensor(x * 3, dep)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((4,), 3.0))
+    assert dep.grad is None
+
+
+def test_wrappers() -> None:
+    token = airstream.ops.record()
+    airstream.ops.wait([token, torch.ones(1)])
+    t = torch.randn(2)
+    assert airstream.ops.wait_tensor(t, token) is t
+
+
+@pytest.mark.parametrize(
+    ("arg", "words"),
+    [
+        ([], r"wait\(\[\]\) waits for nothing"),
+        ([torch.ones(1), 3], "element 1 is a int, not a tensor"),
+        (torch.ones(1), "takes a list of tensors"),
+    ],
+)
+def test_wait_rejects_bad_lists(arg: object, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        airstream.ops.wait(arg)  # type: ignore[arg-type]
+
+
+def test_wait_tensor_rejects_non_tensors() -> None:
+    with pytest.raises(ValueError, match="dependency must be a tensor"):
+        airstream.ops.wait_tensor(torch.ones(1), 2)  # type: ignore[arg-type]
+
+
+def test_stream_context_is_noop_in_eager_and_validates() -> None:
+    with airstream.stream("s1"):
+        y = torch.ones(2) + 1
+    assert torch.equal(y, torch.full((2,), 2.0))
+    with pytest.raises(ValueError, match="label must be a non-empty str"), airstream.stream(""):
+        pass
+    with pytest.raises(ValueError, match="priority must be an int"), airstream.stream("s", "hi"):
+        pass
