@@ -3,8 +3,8 @@
 Every pass is called as ``fn(gm, example_inputs, config)`` and edits ``gm.graph`` in place; its
 return value is ignored. Around each pass the manager (not the pass) does the bookkeeping: it
 times it, tags the nodes it added (``meta["air_inserted_by"]``), refills ``meta["val"]`` for them,
-recompiles, and with ``debug.verify_passes`` lints the graph and re-checks all metadata. Built-ins
-are also checked never to remove, merge or move an air op. Any failure becomes a
+lints and recompiles, and with ``debug.verify_passes`` also re-checks every node's metadata.
+Built-ins are also checked never to remove, merge or move an air op. Any failure becomes a
 :class:`~airstream.errors.PassError` naming the pass, its stage and the graph kind.
 """
 
@@ -122,6 +122,7 @@ class PassManager:
             if node not in before_nodes:
                 node.meta.setdefault("air_inserted_by", spec.name)
         try:
+            gm.graph.lint()  # O(nodes); blames a malformed graph on the pass that made it
             fill_meta(gm, example_inputs)
             gm.recompile()
         except Exception as exc:
@@ -134,7 +135,6 @@ class PassManager:
                 raise self._error(spec, kind, f"a built-in pass changed the air ops: {moved}")
         if self.config.debug.verify_passes:
             try:
-                gm.graph.lint()
                 check_meta(gm, example_inputs)
             except Exception as exc:
                 raise self._error(

@@ -19,7 +19,8 @@ After::
 
 Uses FX's own ``eliminate_dead_code``: nodes are only erased, never moved. Air ops are
 registered side-effectful and RNG ops count as impure, so neither is ever removed (removing an
-unused ``rand`` would shift the random stream of every later op).
+unused ``rand`` would shift the random stream of every later op). FX's default under a tracing
+context follows Inductor's ``fallback_random`` and would drop them; this pass always keeps them.
 """
 
 from __future__ import annotations
@@ -32,8 +33,12 @@ import torch.fx
 __all__ = ["dead_code_elimination"]
 
 
+def _has_side_effect(node: torch.fx.Node) -> bool:
+    return node.is_impure(impure_random=True)
+
+
 def dead_code_elimination(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Any
 ) -> None:
     """Erase nodes whose results are unused and that have no side effect."""
-    gm.graph.eliminate_dead_code()
+    gm.graph.eliminate_dead_code(is_impure_node=_has_side_effect)
