@@ -17,6 +17,16 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _bench(args: argparse.Namespace) -> int:
+    import json
+
+    from airstream.bench.overhead import format_overhead, run_overhead
+
+    report = run_overhead(ops=args.ops, rounds=args.rounds, calls=args.calls)
+    print(json.dumps(report, indent=2) if args.json else format_overhead(report))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``airstream`` command."""
     parser = argparse.ArgumentParser(
@@ -30,6 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--size", type=int, default=64, help="side of the square input (default 64)")
     demo.add_argument("--seed", type=int, default=0, help="random seed of the input")
     demo.set_defaults(func=_demo)
+
+    bench = sub.add_parser("bench", help="run a benchmark and print its figures")
+    bench.add_argument("name", choices=["overhead"], help="overhead: per-op cost vs fx.GraphModule")
+    bench.add_argument("--ops", type=int, default=200, help="ops in the chain (default 200)")
+    bench.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
+    bench.add_argument("--calls", type=int, default=100, help="calls per round (default 100)")
+    bench.add_argument("--json", action="store_true", help="print the report as JSON")
+    bench.set_defaults(func=_bench)
     return parser
 
 
