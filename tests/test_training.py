@@ -91,3 +91,37 @@ def test_inference_graph_keeps_markers_once() -> None:
         assert_same(compiled(x), model(x))
     gm = graph_of(backend, "inference").graph_module
     assert count(gm, air.scope_enter.default) == 1 and count(gm, air.scope_exit.default) == 1
+
+
+class _RepeatedMarkers(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with airstream.stream("a"):
+            y = x.sin()
+        z = y.cos()
+        with airstream.stream("a"):  # identical markers to the first block
+            w = z.sin()
+        r1 = airstream.ops.record()
+        airstream.ops.record()  # an identical, unused token
+        airstream.ops.wait([r1])
+        airstream.ops.wait([r1])  # an identical wait
+        return w.exp()
+
+
+def test_identical_markers_are_never_merged_in_training() -> None:
+    # Regression: the min-cut partitioner's own CSE merged the second stream block's markers
+    # into the first, moving the second sin to the main stream.
+    compiled, backend = compile_model(_RepeatedMarkers(), fullgraph=True)
+    x = torch.randn(5, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    compiled(x).sum().backward()
+    _RepeatedMarkers()(x_ref).sum().backward()
+    assert_same(x.grad, x_ref.grad)
+    fwd = graph_of(backend, "forward")
+    gm = fwd.graph_module
+    for op in (air.scope_enter, air.scope_exit, air.record, air.wait):
+        assert count(gm, op.default) == 2, op
+    sins = [n for n in gm.graph.nodes if n.target is aten.sin.default]
+    assert [fwd.streams.stream(n) for n in sins] == ["a", "a"]
+    assert (
+        fwd.streams.stream(next(n for n in gm.graph.nodes if n.target is aten.cos.default)) is None
+    )

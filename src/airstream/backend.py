@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.fx
 from functorch.compile import min_cut_rematerialization_partition
+from torch._functorch import config as functorch_config
 from torch._dynamo.backends.common import aot_autograd
 
 import airstream.ops.library  # noqa: F401  (registers the air ops)
@@ -63,7 +64,11 @@ def _keep_air_ops_in_forward(joint: torch.fx.GraphModule, joint_inputs: Any, **k
     for node in joint.graph.nodes:
         if node.op == "call_function" and is_air_op(node.target):
             node.meta["partitioner_tag"] = "must_be_in_forward"
-    return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+    # The partitioner's own CSE would merge identical markers (two stream blocks with the same
+    # label, two records) and so move nodes off their stream; airstream's region-aware CSE runs
+    # on the forward and backward graphs afterwards instead.
+    with functorch_config.patch(cse=False):
+        return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
 
 
 def _warn_unimplemented(config: CompilerConfig) -> None:
