@@ -139,3 +139,17 @@ def test_verify_passes_on_valid_pipeline_passes() -> None:
     compiled, _ = compile_model(Model(), config)
     x = torch.randn(5, 5)
     assert_same(compiled(x), Model()(x))
+
+
+def test_meta_refill_with_dynamic_shapes() -> None:
+    config = airstream.CompilerConfig()
+    config.post_grad_custom_pre_pass = _add_abs_without_meta
+    config.debug.verify_passes = True
+    compiled, backend = compile_model(Model(), config, dynamic=True)
+    for n in (3, 7):
+        x = torch.randn(n, n)
+        want = Model()(x)
+        assert_same(compiled(x), (want[0].abs(), want[1]))
+    gm = graph_of(backend, "inference").graph_module
+    node = next(n for n in gm.graph.nodes if "air_inserted_by" in n.meta)
+    assert isinstance(node.meta["val"].shape[0], torch.SymInt), "symbolic shape kept"

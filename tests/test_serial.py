@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 from tests.conftest import assert_same, compile_model, graph_of
 
@@ -76,3 +77,18 @@ def test_run_eagerly_option_matches_eager_over_many_calls() -> None:
     for i in range(20):
         x = torch.randn(6, 6, generator=torch.Generator().manual_seed(i))
         assert_same(compiled(x), Model()(x))
+
+
+class _Gather(torch.nn.Module):
+    def forward(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return x.sin()[index] + 1
+
+
+def test_op_error_reaches_caller_with_its_type_and_next_call_works() -> None:
+    compiled, _ = compile_model(_Gather())
+    x = torch.randn(4)
+    good = torch.tensor([0, 3])
+    assert_same(compiled(x, good), _Gather()(x, good))
+    with pytest.raises(IndexError, match="out of bounds"):
+        compiled(x, torch.tensor([0, 9]))
+    assert_same(compiled(x, good), _Gather()(x, good))

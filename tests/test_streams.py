@@ -222,3 +222,19 @@ def test_fullgraph_reports_the_break() -> None:
     compiled, _ = compile_model(_BreakInsideStream(), fullgraph=True)
     with pytest.raises(torch._dynamo.exc.Unsupported):
         compiled(torch.randn(5))
+
+
+def test_wait_tensor_on_non_tensor() -> None:
+    gm = _trace(lambda x: x.sin(), torch.randn(2))
+    sin = next(n for n in gm.graph.nodes if n.name == "sin")
+    with gm.graph.inserting_after(sin):
+        size = gm.graph.call_function(torch.ops.aten.sym_size.int, (sin, 0))
+        size.meta["val"] = 2
+    with gm.graph.inserting_after(size):
+        gm.graph.call_function(air.wait_tensor.default, (sin, size))
+    with pytest.raises(
+        StreamError,
+        match=r"wait_tensor's 'dependency' argument must be a node "
+        r"producing a tensor, got node 'sym_size_int'",
+    ):
+        assign_streams(gm)

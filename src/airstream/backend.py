@@ -19,8 +19,8 @@ from typing import Any
 import torch
 import torch.fx
 from functorch.compile import min_cut_rematerialization_partition
-from torch._functorch import config as functorch_config
 from torch._dynamo.backends.common import aot_autograd
+from torch._functorch import config as functorch_config
 
 import airstream.ops.library  # noqa: F401  (registers the air ops)
 from airstream.config import CompilerConfig
