@@ -23,6 +23,7 @@ def _air_count(gm: torch.fx.GraphModule) -> int:
 def test_executor_runs_generated_code_without_air_ops() -> None:
     config = airstream.CompilerConfig()
     config.post_grad_custom_pre_pass = custom_pre_pass
+    config.debug.run_eagerly = True
     compiled, backend = compile_model(Model(), config)
     compiled(torch.randn(3, 3))
     graph = graph_of(backend, "inference")
@@ -50,6 +51,7 @@ def _wait_tensor_and_token(gm: torch.fx.GraphModule, example_inputs: Any, config
 def test_wait_tensor_becomes_identity_and_unused_token_is_dropped() -> None:
     config = airstream.CompilerConfig()
     config.post_grad_custom_pre_pass = _wait_tensor_and_token
+    config.debug.run_eagerly = True
     compiled, backend = compile_model(Model(), config)
     x = torch.randn(4, 4)
     assert_same(compiled(x), Model()(x))

@@ -28,7 +28,9 @@ from airstream.decompositions import decomposition_table
 from airstream.errors import ConfigError
 from airstream.ops.library import is_air_op
 from airstream.passes.manager import PassManager, PassResult
+from airstream.runtime.cpu import CpuExecutor
 from airstream.runtime.serial import SerialExecutor
+from airstream.schedule.plan import StreamPlan, build_plan
 from airstream.schedule.streams import StreamAssignment, assign_streams
 
 __all__ = [
@@ -44,15 +46,20 @@ __all__ = [
 GRAPH_KINDS = ("inference", "forward", "backward")
 
 
+Executor = SerialExecutor | CpuExecutor
+
+
 @dataclass(frozen=True)
 class CompiledGraph:
-    """One compiled graph: its kind, the optimized graph, its streams, the passes and executor."""
+    """One compiled graph: its kind, the optimized graph, its streams and plan, the passes run,
+    and the executor that runs it."""
 
     kind: str
     graph_module: torch.fx.GraphModule
     streams: StreamAssignment
+    plan: StreamPlan
     passes: tuple[PassResult, ...]
-    executor: SerialExecutor
+    executor: Executor
 
 
 def _keep_air_ops_in_forward(joint: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
@@ -110,17 +117,24 @@ class GraphCompiler:
         self.kind = kind
         self.on_compiled = on_compiled
 
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> SerialExecutor:
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Executor:
         kind = self.kind or _graph_kind(gm)
         _warn_unimplemented(self.config)
         results = PassManager(self.config).run(gm, example_inputs, kind)
         streams = assign_streams(
             gm, single_stream=self.config.ge_config.enable_single_stream, graph_kind=kind
         )
-        executor = SerialExecutor(gm)
+        plan = build_plan(gm, streams)
+        executor = self._executor(gm, plan)
         if self.on_compiled is not None:
-            self.on_compiled(CompiledGraph(kind, gm, streams, tuple(results), executor))
+            self.on_compiled(CompiledGraph(kind, gm, streams, plan, tuple(results), executor))
         return executor
+
+    def _executor(self, gm: torch.fx.GraphModule, plan: StreamPlan) -> Executor:
+        """Serial when asked for (run_eagerly) or when nothing runs off the main stream."""
+        if self.config.debug.run_eagerly or not any(s.runs for s in plan.side_streams):
+            return SerialExecutor(gm)
+        return CpuExecutor(gm, plan, self.config.stream_config.threads_per_stream)
 
 
 class AirstreamBackend:

@@ -3,12 +3,14 @@
 Rules (DESIGN.md section 3): the main stream is label ``None``; a node between ``scope_enter``
 (key ``_user_stream_label``) and its matching ``scope_exit`` runs on that label, scopes nest and
 the innermost label wins; a node outside every stream scope may carry
-``node.meta["custom"]["air_stream"]``; else it is on the main stream. Other scope keys are kept in
+``node.meta["custom"]["air_stream"]``; else it is on the main stream. ``getitem`` (tuple indexing,
+no kernel) runs on its producer's stream, wherever it sits. Other scope keys are kept in
 ``node.meta["air_scope"]``. With ``ge_config.enable_single_stream`` every node is on main.
 """
 
 from __future__ import annotations
 
+import operator
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -190,6 +192,9 @@ def assign_streams(
             label, priority = _annotation(node)
             if label is not None and not single_stream:
                 note_priority(node, label, priority)
+        producer = node.args[0] if node.target is operator.getitem and node.args else None
+        if isinstance(producer, torch.fx.Node) and producer.name in stream_of:
+            label = stream_of[producer.name]  # tuple indexing runs with its producer
         attrs: dict[str, str] = {}
         for scope in stack:
             attrs.update(scope.attrs)
