@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from airstream.nodes import describe
 from airstream.ops.library import wait_tensor
 from airstream.runtime.workers import StreamWorker, submit_all, worker_for
 from airstream.schedule.plan import Record, Run, StreamPlan, StreamSteps, Wait
@@ -69,20 +70,22 @@ class _StreamCode:
 
     def locate(self, error: BaseException) -> str:
         """Name the node of this stream's code that raised ``error``."""
+        # FX keeps a map from generated-code line (counted from the prologue) to node index.
         lineno_map = getattr(self.module, "_lineno_map", None) or {}
+        prologue = getattr(self.module, "_prologue_start", 0)
         filename = self.module.forward.__code__.co_filename
         tb = error.__traceback__
         node = None
         while tb is not None:
             if tb.tb_frame.f_code.co_filename == filename:
-                index = lineno_map.get(tb.tb_lineno)
+                index = lineno_map.get(tb.tb_lineno - prologue)
                 if index is not None and index < len(self.nodes):
                     node = self.nodes[index]
             tb = tb.tb_next
         stream = "the main stream" if self.label is None else f"stream {self.label!r}"
         if node is None:
             return stream
-        return f"node {node.name!r} ({node.target}) on {stream}"
+        return f"{describe(node)}, on {stream}"
 
 
 def _generate(

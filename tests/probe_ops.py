@@ -1,0 +1,39 @@
+"""A third-party custom op for tests: records where it ran and can meet a barrier."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+# Per-test state, reset by the tests that use it (the op is only ever called from tests).
+SEEN: list[tuple[str, str, int]] = []
+BARRIERS: dict[str, threading.Barrier] = {}
+
+
+@torch.library.custom_op("airstream_test::probe", mutates_args=())
+def probe(x: torch.Tensor, tag: str) -> torch.Tensor:
+    """Return a copy of ``x``; note (tag, thread name, intra-op threads); meet a barrier if set."""
+    SEEN.append((tag, threading.current_thread().name, torch.get_num_threads()))
+    barrier = BARRIERS.get(tag)
+    if barrier is not None:
+        barrier.wait()
+    return x.clone()
+
+
+@probe.register_fake
+def _(x: torch.Tensor, tag: str) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("airstream_test::fail_if_negative", mutates_args=())
+def fail_if_negative(x: torch.Tensor) -> torch.Tensor:
+    """Raise ValueError when ``x`` has a negative element; else return a copy."""
+    if bool((x < 0).any()):
+        raise ValueError("negative input")
+    return x.clone()
+
+
+@fail_if_negative.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)

@@ -1,0 +1,197 @@
+"""CPU runtime: real concurrency, numerics against serial and eager, faults, threads, load."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import torch
+from tests import probe_ops
+from tests.conftest import assert_same, compile_model, graph_of
+
+import airstream
+from airstream.examples.guide import Model, custom_pre_pass
+from airstream.runtime.cpu import CpuExecutor
+from airstream.runtime.workers import worker_count
+
+probe = torch.ops.airstream_test.probe
+fail_if_negative = torch.ops.airstream_test.fail_if_negative
+
+
+class _Parallel(torch.nn.Module):
+    """Two probes that must meet at a barrier: only concurrent execution gets past it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with airstream.stream("s1"):
+            a = probe(x.sin(), "side")
+        b = probe(x.cos(), "main")
+        return a + b
+
+
+@pytest.fixture
+def probes() -> Any:
+    probe_ops.SEEN.clear()
+    probe_ops.BARRIERS.clear()
+    yield probe_ops
+    probe_ops.SEEN.clear()
+    probe_ops.BARRIERS.clear()
+
+
+def test_side_stream_runs_concurrently_on_its_worker(probes: Any) -> None:
+    compiled, backend = compile_model(_Parallel(), fullgraph=True)
+    x = torch.randn(8)
+    compiled(x)  # compile first; the barrier would hold the fake-tensor trace too
+    assert isinstance(graph_of(backend, "inference").executor, CpuExecutor)
+    barrier = threading.Barrier(2, timeout=20)
+    probes.BARRIERS.update(side=barrier, main=barrier)
+    probes.SEEN.clear()
+    assert_same(compiled(x), x.sin() + x.cos())
+    where = {tag: thread for tag, thread, _ in probes.SEEN}
+    assert where["side"] == "airstream-stream-s1"
+    assert where["main"] == threading.current_thread().name
+    assert not barrier.broken
+
+
+def test_threads_per_stream_is_set_inside_the_worker(probes: Any) -> None:
+    config = airstream.CompilerConfig()
+    config.stream_config.threads_per_stream = 2
+    compiled, _ = compile_model(_Parallel(), config)
+    x = torch.randn(4)
+    compiled(x)
+    probes.SEEN.clear()
+    compiled(x)
+    side = [n for tag, _, n in probes.SEEN if tag == "side"]
+    assert side == [2]
+
+
+def _models() -> list[tuple[str, Any, airstream.CompilerConfig, tuple[torch.Tensor, ...]]]:
+    guide = airstream.CompilerConfig()
+    guide.post_grad_custom_pre_pass = custom_pre_pass
+    return [
+        ("guide", Model(), guide, (torch.randn(16, 16),)),
+        ("branches", _Branches(), airstream.CompilerConfig(), (torch.randn(8, 32),)),
+        ("mutation", _MutateInput(), airstream.CompilerConfig(), (torch.randn(64),)),
+        ("random", _Random(), airstream.CompilerConfig(), (torch.randn(64),)),
+    ]
+
+
+class _Branches(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outs = []
+        for i, expert in enumerate(self.experts):
+            with airstream.stream(f"e{i % 2}"):
+                outs.append(torch.relu(expert(x)))
+        return torch.stack(outs).sum(0)
+
+
+class _MutateInput(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with airstream.stream("s1"):
+            a = x.sin() * 2  # reads x on s1
+        x.mul_(3)  # writes x on main, after the read
+        return a + x
+
+
+class _Random(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with airstream.stream("s1"):
+            a = torch.rand_like(x) + x
+        b = torch.randn_like(x)
+        with airstream.stream("s2"):
+            c = torch.rand_like(x)
+        return a * b + c
+
+
+@pytest.mark.parametrize("name", ["guide", "branches", "mutation", "random"])
+def test_many_calls_equal_serial_and_eager(name: str) -> None:
+    _, model, config, inputs = next(m for m in _models() if m[0] == name)
+    serial_config = config.copy()
+    serial_config.debug.run_eagerly = True
+    compiled, backend = compile_model(model, config)
+    serial, _ = compile_model(model, serial_config)
+    with torch.no_grad():
+        for i in range(200):
+            xs = [t.clone() for t in inputs]
+            xs_serial = [t.clone() for t in inputs]
+            xs_eager = [t.clone() for t in inputs]
+            seed = 1000 + i
+            torch.manual_seed(seed)
+            got = compiled(*xs)
+            torch.manual_seed(seed)
+            ref = serial(*xs_serial)
+            torch.manual_seed(seed)
+            want = model(*xs_eager)
+            assert_same(got, ref)
+            assert_same(got, want)
+            assert_same(xs, xs_eager)  # input mutations too
+    assert isinstance(graph_of(backend, "inference").executor, CpuExecutor)
+
+
+class _Faulty(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with airstream.stream("s1"):
+            a = fail_if_negative(x)
+        b = fail_if_negative(y)
+        return a + b
+
+
+@pytest.mark.parametrize(("bad", "where"), [("x", "stream 's1'"), ("y", "the main stream")])
+def test_op_error_reaches_caller_with_type_node_and_stream(bad: str, where: str) -> None:
+    compiled, backend = compile_model(_Faulty())
+    good = torch.rand(4)
+    assert_same(compiled(good, good), good + good)
+    assert isinstance(graph_of(backend, "inference").executor, CpuExecutor)
+    x, y = (-good, good) if bad == "x" else (good, -good)
+    with pytest.raises(ValueError, match="negative input") as info:
+        compiled(x, y)
+    notes = " ".join(getattr(info.value, "__notes__", []))
+    assert "fail_if_negative" in notes and where in notes, notes
+    for _ in range(3):  # nothing stays blocked; the next calls work
+        assert_same(compiled(good, good), good + good)
+
+
+def test_concurrent_callers_get_correct_results() -> None:
+    model = _Branches()
+    inputs = [torch.randn(8, 32, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+    with torch.no_grad():
+        expected = [model(x) for x in inputs]
+    compiled_model, _ = compile_model(model)
+    with torch.no_grad():
+        compiled_model(inputs[0])
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            with torch.no_grad():
+                for _ in range(50):
+                    assert_same(compiled_model(inputs[i]), expected[i], rtol=1e-6, atol=1e-6)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a caller hung"
+    assert not errors, errors[0]
+
+
+def test_many_graphs_do_not_grow_threads() -> None:
+    workers_before = worker_count()
+    threads_before = threading.active_count()
+    for i in range(20):
+        torch._dynamo.reset()
+        model = _Branches()  # stream labels e0 and e1, in every graph
+        compiled, _ = compile_model(model)
+        x = torch.randn(2 + i, 32)
+        with torch.no_grad():
+            assert_same(compiled(x), model(x), rtol=1e-6, atol=1e-6)
+    # At most the two workers e0 and e1 are new (none if an earlier test made them).
+    assert worker_count() - workers_before <= 2
+    assert threading.active_count() - threads_before <= 2
