@@ -20,10 +20,24 @@ def _demo(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     import json
 
-    from airstream.bench.overhead import format_overhead, run_overhead
+    if args.name == "overhead":
+        from airstream.bench.overhead import format_overhead, run_overhead
 
-    report = run_overhead(ops=args.ops, rounds=args.rounds, calls=args.calls)
-    print(json.dumps(report, indent=2) if args.json else format_overhead(report))
+        report = run_overhead(ops=args.ops, rounds=args.rounds, calls=args.calls or 100)
+        text = format_overhead(report)
+    else:
+        from airstream.bench.moe import format_moe, run_moe
+
+        report = run_moe(
+            experts=args.experts,
+            tokens=args.tokens,
+            hidden=args.hidden,
+            rounds=args.rounds,
+            calls=args.calls or 5,
+            inductor=not args.no_inductor,
+        )
+        text = format_moe(report)
+    print(json.dumps(report, indent=2) if args.json else text)
     return 0
 
 
@@ -42,10 +56,21 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
 
     bench = sub.add_parser("bench", help="run a benchmark and print its figures")
-    bench.add_argument("name", choices=["overhead"], help="overhead: per-op cost vs fx.GraphModule")
-    bench.add_argument("--ops", type=int, default=200, help="ops in the chain (default 200)")
+    bench.add_argument(
+        "name",
+        choices=["overhead", "moe"],
+        help="overhead: per-op cost vs fx.GraphModule and one side stream's cost; "
+        "moe: a dense MoE block, eager vs Inductor vs airstream on 1 and 2 streams",
+    )
     bench.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
-    bench.add_argument("--calls", type=int, default=100, help="calls per round (default 100)")
+    bench.add_argument(
+        "--calls", type=int, default=None, help="calls per round (overhead 100, moe 5)"
+    )
+    bench.add_argument("--ops", type=int, default=200, help="overhead: ops in the chain")
+    bench.add_argument("--experts", type=int, default=8, help="moe: experts E (default 8)")
+    bench.add_argument("--tokens", type=int, default=8, help="moe: tokens B (default 8)")
+    bench.add_argument("--hidden", type=int, default=1024, help="moe: hidden size H (default 1024)")
+    bench.add_argument("--no-inductor", action="store_true", help="moe: skip the Inductor runner")
     bench.add_argument("--json", action="store_true", help="print the report as JSON")
     bench.set_defaults(func=_bench)
     return parser

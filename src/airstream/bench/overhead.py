@@ -9,11 +9,19 @@ aten graph are timed interleaved (medians):
 - ``airstream torch.compile``: the whole compiled call (Dynamo guards, AOTAutograd wrapper),
 - ``aot_eager torch.compile``: PyTorch's own AOTAutograd backend, for the fixed per-call cost that
   any AOTAutograd backend pays.
+
+It also measures what one side stream costs a call (handoff to the worker, events, join): a
+two-op graph with one op on a side stream, against the same graph on one stream, and next to it
+the floor for this machine: the same two ops with a hand-written handoff (a queue to a waiting
+thread and a lock back), no compiler involved.
 """
 
 from __future__ import annotations
 
+import _thread
 import os
+import queue
+import threading
 from typing import Any
 
 import torch
@@ -69,7 +77,9 @@ def _measure(ops: int, rounds: int, calls: int) -> dict[str, Any]:
         calls_per_round=calls,
     )
     base = medians["fx.GraphModule"]
+    side = _side_stream_cost(rounds, calls)
     return {
+        "side_stream": side,
         "benchmark": "overhead",
         "ops": ops,
         "cores": os.cpu_count(),
@@ -87,6 +97,66 @@ def _measure(ops: int, rounds: int, calls: int) -> dict[str, Any]:
     }
 
 
+def _side_stream_cost(rounds: int, calls: int) -> dict[str, float]:
+    from airstream.ops.stream import stream
+
+    def two_ops(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with stream("bench_side"):
+            a = x + 1
+        return a, x * 2
+
+    def one_stream(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x + 1, x * 2
+
+    x = torch.randn(16)
+    side = torch.compile(two_ops, backend=get_backend(), dynamic=False)
+    main = torch.compile(one_stream, backend=get_backend(), dynamic=False)
+    torch.testing.assert_close(side(x), main(x))
+    jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def worker() -> None:
+        torch.set_num_threads(1)
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            job()
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    add, mul = torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor
+
+    def by_hand() -> tuple[torch.Tensor, torch.Tensor]:
+        out: list[torch.Tensor] = []
+        done = _thread.allocate_lock()
+        done.acquire()
+
+        def job() -> None:
+            out.append(add(x, 1))
+            done.release()
+
+        jobs.put(job)
+        doubled = mul(x, 2)
+        done.acquire()
+        return out[0], doubled
+
+    try:
+        medians = interleaved_medians(
+            {"side": lambda: side(x), "main": lambda: main(x), "by_hand": by_hand},
+            rounds=rounds,
+            calls_per_round=calls * 10,
+        )
+    finally:
+        jobs.put(None)
+        thread.join()
+    return {
+        "us_per_call_one_side_stream": medians["side"] * 1e6,
+        "us_per_call_single_stream": medians["main"] * 1e6,
+        "us_side_stream_cost": (medians["side"] - medians["main"]) * 1e6,
+        "us_hand_written_handoff_call": medians["by_hand"] * 1e6,
+    }
+
+
 def format_overhead(report: dict[str, Any]) -> str:
     """The report as a table."""
     lines = [
@@ -100,4 +170,12 @@ def format_overhead(report: dict[str, Any]) -> str:
             f"{name:<26}{r['us_per_call']:>10.1f}{r['us_per_op']:>8.2f}"
             f"{r['ratio_vs_graphmodule']:>15.2f}x"
         )
+    side = report["side_stream"]
+    lines.append(
+        f"one side stream: {side['us_per_call_one_side_stream']:.1f} us/call vs "
+        f"{side['us_per_call_single_stream']:.1f} us/call on one stream: "
+        f"{side['us_side_stream_cost']:.1f} us per call for the handoff and join\n"
+        f"floor on this machine: the same two ops with a hand-written thread handoff take "
+        f"{side['us_hand_written_handoff_call']:.1f} us/call (no compiler, no Dynamo guards)"
+    )
     return "\n".join(lines)

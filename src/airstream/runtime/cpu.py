@@ -12,8 +12,8 @@ exception, with a note naming the node and the stream. The next call starts clea
 
 from __future__ import annotations
 
+import _thread
 import operator
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,30 +33,50 @@ class _Aborted(Exception):
     """Raised inside a stream that wakes up to a call another stream already failed."""
 
 
-class _CallState:
-    __slots__ = ("error", "events", "failed", "lock", "where")
+# Events are plain locks, created held: record releases, wait acquires and releases again (so
+# every waiter passes). A lock costs a tenth of a threading.Event to make and to signal.
+_new_lock = _thread.allocate_lock
 
-    def __init__(self, events: list[threading.Event]) -> None:
+
+def _new_event() -> Any:
+    lock = _new_lock()
+    lock.acquire()
+    return lock
+
+
+def _set(lock: Any) -> None:
+    try:
+        lock.release()
+    except RuntimeError:  # already set (the call was failed and every event released)
+        pass
+
+
+class _CallState:
+    __slots__ = ("error", "events", "failed", "guard", "where")
+
+    def __init__(self, events: list[Any]) -> None:
         self.failed = False
         self.error: BaseException | None = None
         self.where = ""
         self.events = events
-        self.lock = threading.Lock()
+        self.guard = _new_lock()
 
     def fail(self, error: BaseException, where: str) -> None:
-        with self.lock:
+        with self.guard:
             if not self.failed:
                 self.failed, self.error, self.where = True, error, where
         for event in self.events:  # wake every stream of this call
-            event.set()
+            _set(event)
 
 
-def _record(events: list[threading.Event], index: int) -> None:
-    events[index].set()
+def _record(events: list[Any], index: int) -> None:
+    events[index].release()
 
 
-def _wait(events: list[threading.Event], index: int, state: _CallState) -> None:
-    events[index].wait()
+def _wait(events: list[Any], index: int, state: _CallState) -> None:
+    lock = events[index]
+    lock.acquire()
+    _set(lock)
     if state.failed:
         raise _Aborted
 
@@ -200,7 +220,7 @@ class CpuExecutor:
         args: Sequence[Any],
         slots: list[Any],
         state: _CallState,
-        done: threading.Event,
+        done: Any,
         grad: bool,
     ) -> Callable[[], None]:
         threads = self.threads_per_stream
@@ -209,23 +229,23 @@ class CpuExecutor:
             try:
                 if torch.get_num_threads() != threads:
                     torch.set_num_threads(threads)
-                with torch.set_grad_enabled(grad):
-                    code.fn(args, slots, state.events, state)
+                torch._C._set_grad_enabled(grad)  # grad mode is per thread: follow the caller
+                code.fn(args, slots, state.events, state)
             except _Aborted:
                 pass
             except BaseException as error:  # handed to the caller
                 state.fail(error, code.locate(error))
             finally:
-                done.set()
+                done.release()
 
         return job
 
     def __call__(self, args: list[Any]) -> Any:
-        events = [threading.Event() for _ in range(self._num_events)]
+        events = [_new_event() for _ in range(self._num_events)]
         state = _CallState(events)
         slots: list[Any] = [None] * self._num_slots
         grad = torch.is_grad_enabled()
-        done = [threading.Event() for _ in self.sides]
+        done = [_new_event() for _ in self.sides]
         submit_all(
             [
                 (worker, self._job(code, args, slots, state, done[i], grad))
@@ -240,10 +260,12 @@ class CpuExecutor:
             state.fail(error, self.main.locate(error))
             result = None
         if state.failed:
-            for event in done:
-                event.wait()
+            # The join was skipped or poisoned: let every side stream of this call finish.
+            for lock in done:
+                lock.acquire()
             error = state.error
             assert error is not None
             error.add_note(f"airstream: raised by {state.where}")
             raise error
+        # Normal path: the plan's join already waited for every side stream's last step.
         return result
