@@ -29,6 +29,7 @@ from airstream.errors import ConfigError
 from airstream.ops.library import is_air_op
 from airstream.passes.manager import PassManager, PassResult
 from airstream.runtime.cpu import CpuExecutor
+from airstream.runtime.cuda import CudaExecutor, CudaGraphExecutor
 from airstream.runtime.serial import SerialExecutor
 from airstream.schedule.plan import StreamPlan, build_plan
 from airstream.schedule.streams import StreamAssignment, assign_streams
@@ -46,7 +47,7 @@ __all__ = [
 GRAPH_KINDS = ("inference", "forward", "backward")
 
 
-Executor = SerialExecutor | CpuExecutor
+Executor = SerialExecutor | CpuExecutor | CudaExecutor | CudaGraphExecutor
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,15 @@ def _warn_unimplemented(config: CompilerConfig) -> None:
         )
 
 
+def _cuda_device(gm: torch.fx.GraphModule) -> torch.device | None:
+    """The CUDA device the graph computes on, if any of its values live on one."""
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.device.type == "cuda":
+            return val.device
+    return None
+
+
 def _graph_kind(gm: torch.fx.GraphModule) -> str:
     """Backward graphs take tangents; anything else compiled by a fw_compiler is a forward."""
     for node in gm.graph.find_nodes(op="placeholder"):
@@ -131,8 +141,19 @@ class GraphCompiler:
         return executor
 
     def _executor(self, gm: torch.fx.GraphModule, plan: StreamPlan) -> Executor:
-        """Serial when asked for (run_eagerly) or when nothing runs off the main stream."""
-        if self.config.debug.run_eagerly or not any(s.runs for s in plan.side_streams):
+        """Serial for run_eagerly; CUDA streams (and graphs) on CUDA; threads on CPU.
+
+        A CPU graph with nothing off the main stream runs serially: no thread to hand off to.
+        """
+        if self.config.debug.run_eagerly:
+            return SerialExecutor(gm)
+        device = _cuda_device(gm)
+        if device is not None:
+            executor = CudaExecutor(gm, plan, device)
+            if self.config.mode == "reduce-overhead":
+                return CudaGraphExecutor(executor, gm)
+            return executor
+        if not any(s.runs for s in plan.side_streams):
             return SerialExecutor(gm)
         return CpuExecutor(gm, plan, self.config.stream_config.threads_per_stream)
 

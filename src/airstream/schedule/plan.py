@@ -106,6 +106,9 @@ class StreamPlan:
     syncs: tuple[Sync, ...]
     dropped_waits: int
     priorities: Mapping[str, int] = field(default_factory=dict)
+    # Every step of every stream in one order that respects each stream's order and puts each
+    # record before its waits (graph order): what a single-threaded issuer (CUDA) follows.
+    sequence: tuple[tuple[Label, Step], ...] = ()
 
     def stream(self, label: Label) -> StreamSteps:
         """The program of stream ``label``."""
@@ -164,6 +167,7 @@ class _Planner:
         self.events: dict[tuple[Label, int], int] = {}
         self.syncs: list[Sync] = []
         self.dropped = 0
+        self.log: list[tuple[Label, Step]] = []  # every step as emitted, in graph order
 
     def _resolve(self, req: Requirement) -> tuple[Label, int] | None:
         """The stream position a requirement points at, or None if it needs nothing."""
@@ -181,6 +185,7 @@ class _Planner:
             return
         event = self.events.setdefault(target, len(self.events))
         self.pending[stream].append(Wait(event))
+        self.log.append((stream, Wait(event)))
         producer = self.runs[source][index]
         self.syncs.append(Sync(event, producer, source, consumer, stream, reason))
         for label, pos in self.snapshots[target].items():
@@ -222,6 +227,7 @@ class _Planner:
             index = len(self.runs[stream])
             self.runs[stream].append(node.name)
             self.pending[stream].append(Run(node.name))
+            self.log.append((stream, Run(node.name)))
             self.clock[stream][stream] = index
             self.snapshots[(stream, index)] = dict(self.clock[stream])
             self.position[node] = (stream, index)
@@ -236,23 +242,25 @@ class _Planner:
                 self._sync(None, "output", (label, len(runs) - 1), "join")
 
     def _freeze(self) -> StreamPlan:
-        streams = []
-        for label in self.assignment.streams:
-            steps: list[Step] = []
-            index = -1
-            for step in self.pending[label]:
-                steps.append(step)
-                if isinstance(step, Run):
-                    index += 1
-                    event = self.events.get((label, index))
-                    if event is not None:
-                        steps.append(Record(event))
-            streams.append(StreamSteps(label, tuple(steps)))
+        runs_seen: dict[Label, int] = {label: -1 for label in self.assignment.streams}
+        sequence: list[tuple[Label, Step]] = []
+        for label, step in self.log:
+            sequence.append((label, step))
+            if isinstance(step, Run):
+                runs_seen[label] += 1
+                event = self.events.get((label, runs_seen[label]))
+                if event is not None:
+                    sequence.append((label, Record(event)))
+        streams = tuple(
+            StreamSteps(label, tuple(step for owner, step in sequence if owner == label))
+            for label in self.assignment.streams
+        )
         return StreamPlan(
-            streams=tuple(streams),
+            streams=streams,
             syncs=tuple(self.syncs),
             dropped_waits=self.dropped,
             priorities=dict(self.assignment.priorities),
+            sequence=tuple(sequence),
         )
 
 
