@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from airstream.bench.overhead import format_overhead, run_overhead
 
@@ -21,3 +22,19 @@ def test_overhead_report_structure() -> None:
     assert report["results"]["fx.GraphModule"]["ratio_vs_graphmodule"] == pytest.approx(1.0)
     assert all(r["us_per_call"] > 0 for r in report["results"].values())
     assert "vs GraphModule" in format_overhead(report)
+
+
+def test_moe_report_structure() -> None:
+    from airstream.bench.moe import format_moe, run_moe
+
+    report = run_moe(experts=2, tokens=2, hidden=16, rounds=1, calls=1, inductor=False)
+    assert set(report["ms"]) == {
+        f"eager ({torch.get_num_threads()} threads)",
+        "eager (1 thread)",
+        "airstream 1 stream",
+        "airstream 2 streams",
+        "hand-written threads",
+    }
+    assert "moe_1" in report["plan"]
+    assert report["speedup_2_streams_vs_1_stream"] > 0
+    assert "ceiling on this machine" in format_moe(report)

@@ -60,9 +60,15 @@ def test_threads_per_stream_is_set_inside_the_worker(probes: Any) -> None:
     x = torch.randn(4)
     compiled(x)
     probes.SEEN.clear()
-    compiled(x)
-    side = [n for tag, _, n in probes.SEEN if tag == "side"]
-    assert side == [2]
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        compiled(x)
+        assert torch.get_num_threads() == 1, "the caller's setting is restored after the call"
+    finally:
+        torch.set_num_threads(before)
+    threads = {tag: n for tag, _, n in probes.SEEN}
+    assert threads == {"side": 2, "main": 2}, "every stream, the caller's too, uses 2 threads"
 
 
 def _models() -> list[tuple[str, Any, airstream.CompilerConfig, tuple[torch.Tensor, ...]]]:

@@ -65,7 +65,13 @@ def run_demo(size: int = 64, seed: int = 0) -> tuple[str, bool]:
             f"{result.stage:<28} {result.name:<48} {result.nodes_before:>3} -> "
             f"{result.nodes_after:<3} nodes  {result.seconds * 1e3:.2f} ms\n"
         )
-    _heading(out, "generated code that runs (serial reference executor)")
+    _heading(out, "stream plan (per stream: run / record / wait steps)")
+    out.write(str(graph.plan) + "\n\n" + graph.plan.summary() + "\n")
+    runtime = {
+        "CpuExecutor": "CPU runtime: main stream on this thread, each side stream on its worker",
+        "SerialExecutor": "serial reference executor: one thread, graph order",
+    }.get(type(graph.executor).__name__, type(graph.executor).__name__)
+    _heading(out, f"generated code that runs ({runtime})")
     out.write(graph.executor.code.strip() + "\n")
     _heading(out, "result")
     ok = all(torch.equal(g, w) for g, w in zip(got, want, strict=True))

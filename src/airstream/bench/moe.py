@@ -7,7 +7,8 @@ summed (dense, so deterministic). Runners, timed interleaved with medians:
 - ``torch.compile`` with Inductor (default settings),
 - airstream on one stream (1 intra-op thread),
 - airstream with the experts split over 2 streams by :func:`split_experts` (the odd experts on a
-  side stream; 1 intra-op thread per stream, the caller's included),
+  side stream; ``threads_per_stream`` = 1 intra-op thread per stream, which the runtime also
+  applies to the calling thread during the call, so it is called from torch's default setting),
 - hand-written threads: the same split written by hand with a Python thread (eager, 1 intra-op
   thread each), no compiler: what this machine gives two concurrent streams of this work.
 """
@@ -158,7 +159,8 @@ def run_moe(
         compiled = torch.compile(model)
         candidates["inductor"] = _with_threads(default_threads, lambda: compiled(x))
     candidates["airstream 1 stream"] = _with_threads(1, lambda: single(x))
-    candidates["airstream 2 streams"] = _with_threads(1, lambda: multi(x))
+    # The runtime sets the caller's intra-op threads itself; run it from the default setting.
+    candidates["airstream 2 streams"] = _with_threads(default_threads, lambda: multi(x))
     if experts % 2 == 0:
         candidates["hand-written threads"] = _with_threads(1, _hand_threads(model, x))
     try:

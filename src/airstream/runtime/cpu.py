@@ -1,5 +1,8 @@
 """CPU runtime: the main stream on the calling thread, each side stream on its worker thread.
 
+Every stream runs with ``stream_config.threads_per_stream`` intra-op threads, the calling thread
+included for the duration of the call (its own setting is restored afterwards).
+
 Every stream's steps become one FX-generated function (runs are the graph's own op calls; a record
 sets a per-call ``threading.Event``; a wait blocks on one; values that cross streams go through a
 per-call slot list), so a call costs one handoff per side stream, not one per op.
@@ -252,6 +255,11 @@ class CpuExecutor:
                 for i, (worker, code) in enumerate(self.sides)
             ]
         )
+        # The caller is the main stream's worker: it too runs with threads_per_stream intra-op
+        # threads during the call (oversubscribing the cores costs more than streams gain).
+        caller_threads = torch.get_num_threads()
+        if caller_threads != self.threads_per_stream:
+            torch.set_num_threads(self.threads_per_stream)
         try:
             result = self.main.fn(args, slots, events, state)
         except _Aborted:
@@ -259,6 +267,9 @@ class CpuExecutor:
         except BaseException as error:
             state.fail(error, self.main.locate(error))
             result = None
+        finally:
+            if caller_threads != self.threads_per_stream:
+                torch.set_num_threads(caller_threads)
         if state.failed:
             # The join was skipped or poisoned: let every side stream of this call finish.
             for lock in done:
