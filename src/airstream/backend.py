@@ -135,18 +135,20 @@ class GraphCompiler:
             gm, single_stream=self.config.ge_config.enable_single_stream, graph_kind=kind
         )
         plan = build_plan(gm, streams)
-        executor = self._executor(gm, plan)
+        executor = self._executor(gm, plan, streams)
         if self.on_compiled is not None:
             self.on_compiled(CompiledGraph(kind, gm, streams, plan, tuple(results), executor))
         return executor
 
-    def _executor(self, gm: torch.fx.GraphModule, plan: StreamPlan) -> Executor:
+    def _executor(
+        self, gm: torch.fx.GraphModule, plan: StreamPlan, streams: StreamAssignment
+    ) -> Executor:
         """Serial for run_eagerly; CUDA streams (and graphs) on CUDA; threads on CPU.
 
         A CPU graph with nothing off the main stream runs serially: no thread to hand off to.
         """
         if self.config.debug.run_eagerly:
-            return SerialExecutor(gm)
+            return SerialExecutor(gm, streams)
         device = _cuda_device(gm)
         if device is not None:
             executor = CudaExecutor(gm, plan, device)
@@ -154,7 +156,7 @@ class GraphCompiler:
                 return CudaGraphExecutor(executor, gm)
             return executor
         if not any(s.runs for s in plan.side_streams):
-            return SerialExecutor(gm)
+            return SerialExecutor(gm, streams)
         return CpuExecutor(gm, plan, self.config.stream_config.threads_per_stream)
 
 

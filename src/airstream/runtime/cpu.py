@@ -26,6 +26,8 @@ import torch.fx
 
 from airstream.nodes import describe
 from airstream.ops.library import wait_tensor
+from airstream.runtime.codegen import emit_op
+from airstream.runtime.trace import CallTrace, StreamTrace, now_ns, tracing_wanted
 from airstream.runtime.workers import StreamWorker, submit_all, worker_for
 from airstream.schedule.plan import Record, Run, StreamPlan, StreamSteps, Wait
 
@@ -84,6 +86,22 @@ def _wait(events: list[Any], index: int, state: _CallState) -> None:
         raise _Aborted
 
 
+def _record_traced(events: list[Any], index: int, trace: StreamTrace) -> None:
+    start = now_ns()
+    events[index].release()
+    trace.sync("record", index, start)
+
+
+def _wait_traced(events: list[Any], index: int, state: _CallState, trace: StreamTrace) -> None:
+    start = now_ns()
+    lock = events[index]
+    lock.acquire()
+    _set(lock)
+    trace.sync("wait", index, start)
+    if state.failed:
+        raise _Aborted
+
+
 @dataclass(frozen=True)
 class _StreamCode:
     label: str | None
@@ -117,6 +135,7 @@ def _generate(
     input_index: dict[torch.fx.Node, int],
     slot_of: dict[torch.fx.Node, int],
     is_main: bool,
+    traced: bool = False,
 ) -> _StreamCode:
     by_name = {n.name: n for n in gm.graph.nodes}
     graph = torch.fx.Graph()
@@ -124,6 +143,7 @@ def _generate(
     slots = graph.placeholder("slots")
     events = graph.placeholder("events")
     state = graph.placeholder("state")
+    trace = graph.placeholder("trace") if traced else None
     env: dict[torch.fx.Node, torch.fx.Node] = {}
 
     def local(node: torch.fx.Node) -> torch.fx.Node:
@@ -142,20 +162,27 @@ def _generate(
             if node.target is wait_tensor:
                 env[node] = local(node.args[0])  # identity: only the ordering mattered
             else:
-                env[node] = graph.node_copy(node, local)
+                env[node] = emit_op(graph, node, local, trace)
             if node in slot_of:
                 graph.call_function(operator.setitem, (slots, slot_of[node], env[node]))
         elif isinstance(step, Record):
-            graph.call_function(_record, (events, step.event))
+            if trace is None:
+                graph.call_function(_record, (events, step.event))
+            else:
+                graph.call_function(_record_traced, (events, step.event, trace))
         elif isinstance(step, Wait):
-            graph.call_function(_wait, (events, step.event, state))
+            if trace is None:
+                graph.call_function(_wait, (events, step.event, state))
+            else:
+                graph.call_function(_wait_traced, (events, step.event, state, trace))
     if is_main:
         output = next(iter(gm.graph.find_nodes(op="output")))
         graph.output(torch.fx.map_arg(output.args[0], local))
     else:
         graph.output(None)
     name = "main" if program.label is None else program.label
-    module = torch.fx.GraphModule(gm, graph, class_name=f"AirstreamStream_{_ident(name)}")
+    suffix = "_traced" if traced else ""
+    module = torch.fx.GraphModule(gm, graph, class_name=f"AirstreamStream_{_ident(name)}{suffix}")
     return _StreamCode(program.label, module, module.forward, tuple(module.graph.nodes))
 
 
@@ -204,10 +231,17 @@ class CpuExecutor:
         self._num_slots = len(slot_of)
         self._num_events = max((s.event for s in plan.syncs), default=-1) + 1
         self.main = _generate(gm, plan.stream(None), input_index, slot_of, is_main=True)
+        self.main_traced = _generate(
+            gm, plan.stream(None), input_index, slot_of, is_main=True, traced=True
+        )
+        programs = [s for s in plan.side_streams if s.runs]
         self.sides: tuple[tuple[StreamWorker, _StreamCode], ...] = tuple(
             (worker_for(s.label), _generate(gm, s, input_index, slot_of, is_main=False))
-            for s in plan.side_streams
-            if s.runs
+            for s in programs
+        )
+        self.sides_traced: tuple[tuple[StreamWorker, _StreamCode], ...] = tuple(
+            (worker_for(s.label), _generate(gm, s, input_index, slot_of, False, traced=True))
+            for s in programs
         )
 
     @property
@@ -225,6 +259,7 @@ class CpuExecutor:
         state: _CallState,
         done: Any,
         grad: bool,
+        trace: CallTrace | None,
     ) -> Callable[[], None]:
         threads = self.threads_per_stream
 
@@ -233,7 +268,10 @@ class CpuExecutor:
                 if torch.get_num_threads() != threads:
                     torch.set_num_threads(threads)
                 torch._C._set_grad_enabled(grad)  # grad mode is per thread: follow the caller
-                code.fn(args, slots, state.events, state)
+                if trace is None:
+                    code.fn(args, slots, state.events, state)
+                else:
+                    code.fn(args, slots, state.events, state, trace.stream(code.label))
             except _Aborted:
                 pass
             except BaseException as error:  # handed to the caller
@@ -244,15 +282,24 @@ class CpuExecutor:
         return job
 
     def __call__(self, args: list[Any]) -> Any:
+        trace = CallTrace() if tracing_wanted() else None
+        main, sides = (
+            (self.main, self.sides)
+            if trace is None
+            else (
+                self.main_traced,
+                self.sides_traced,
+            )
+        )
         events = [_new_event() for _ in range(self._num_events)]
         state = _CallState(events)
         slots: list[Any] = [None] * self._num_slots
         grad = torch.is_grad_enabled()
-        done = [_new_event() for _ in self.sides]
+        done = [_new_event() for _ in sides]
         submit_all(
             [
-                (worker, self._job(code, args, slots, state, done[i], grad))
-                for i, (worker, code) in enumerate(self.sides)
+                (worker, self._job(code, args, slots, state, done[i], grad, trace))
+                for i, (worker, code) in enumerate(sides)
             ]
         )
         # The caller is the main stream's worker: it too runs with threads_per_stream intra-op
@@ -261,19 +308,26 @@ class CpuExecutor:
         if caller_threads != self.threads_per_stream:
             torch.set_num_threads(self.threads_per_stream)
         try:
-            result = self.main.fn(args, slots, events, state)
+            if trace is None:
+                result = main.fn(args, slots, events, state)
+            else:
+                result = main.fn(args, slots, events, state, trace.stream(None))
         except _Aborted:
             result = None
         except BaseException as error:
-            state.fail(error, self.main.locate(error))
+            state.fail(error, main.locate(error))
             result = None
         finally:
             if caller_threads != self.threads_per_stream:
                 torch.set_num_threads(caller_threads)
-        if state.failed:
-            # The join was skipped or poisoned: let every side stream of this call finish.
+        if state.failed or trace is not None:
+            # Failed: the join was skipped or poisoned. Traced: the trace must be complete.
+            # Either way, let every side stream of this call finish first.
             for lock in done:
                 lock.acquire()
+        if trace is not None:
+            trace.finish()
+        if state.failed:
             error = state.error
             assert error is not None
             error.add_note(f"airstream: raised by {state.where}")

@@ -9,8 +9,10 @@ consumer, so the caching allocator never hands its memory out while that stream 
 
 ``CudaGraphExecutor`` (``mode="reduce-overhead"``) captures the whole multi-stream call into a CUDA
 graph on first use (the fork/join shape is what makes multi-stream capture legal) and replays it,
-copying inputs into static buffers and cloning outputs. It falls back to the plain stream executor
-for graphs it cannot capture safely: symbolic shapes, mutated inputs, random ops, non-CUDA inputs.
+copying inputs into static buffers and cloning outputs (a replay is one opaque launch: profiling
+sees no per-op records for it; use ``mode="max-autotune"`` to profile streams). It falls back to
+the plain stream executor for graphs it cannot capture safely: symbolic shapes, mutated inputs,
+random ops, non-CUDA inputs.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import torch
 import torch.fx
 
 from airstream.ops.library import wait_tensor
+from airstream.runtime.codegen import emit_op
+from airstream.runtime.trace import CallTrace, tracing_wanted
 from airstream.schedule.plan import Record, Run, StreamPlan, Wait
 
 __all__ = ["CudaExecutor", "CudaGraphExecutor", "capture_blockers", "stream_for"]
@@ -71,8 +75,12 @@ def _keep(value: Any, streams: Sequence[Any], index: int, tracking: bool) -> Any
     return value
 
 
-def _generate(gm: torch.fx.GraphModule, plan: StreamPlan) -> tuple[torch.fx.GraphModule, int]:
-    """One function issuing every step; returns the module and the fork event's index."""
+def _generate(
+    gm: torch.fx.GraphModule, plan: StreamPlan, traced: bool = False
+) -> tuple[torch.fx.GraphModule, int]:
+    """One function issuing every step; returns the module and the fork event's index.
+
+    The traced variant takes a dict of StreamTraces and records host issue times per op."""
     labels = [s.label for s in plan.streams]  # main (None) first
     index_of = {label: i for i, label in enumerate(labels)}
     fork_event = max((s.event for s in plan.syncs), default=-1) + 1
@@ -86,6 +94,7 @@ def _generate(gm: torch.fx.GraphModule, plan: StreamPlan) -> tuple[torch.fx.Grap
     streams = graph.placeholder("streams")
     events = graph.placeholder("events")
     tracking = graph.placeholder("tracking")
+    traces = graph.placeholder("traces") if traced else None
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     kept: set[tuple[torch.fx.Node, Any]] = set()
     current: list[Any] = [None]
@@ -115,7 +124,10 @@ def _generate(gm: torch.fx.GraphModule, plan: StreamPlan) -> tuple[torch.fx.Grap
             if node.target is wait_tensor:
                 env[node] = value_on(node.args[0], label)
             else:
-                env[node] = graph.node_copy(node, lambda n, lb=label: value_on(n, lb))
+                trace = None
+                if traces is not None:
+                    trace = graph.call_function(operator.getitem, (traces, label))
+                env[node] = emit_op(graph, node, lambda n, lb=label: value_on(n, lb), trace)
         elif isinstance(step, Record):
             graph.call_function(_record, (streams, index_of[label], events, step.event))
         elif isinstance(step, Wait):
@@ -124,8 +136,8 @@ def _generate(gm: torch.fx.GraphModule, plan: StreamPlan) -> tuple[torch.fx.Grap
         graph.call_function(_use, (streams, 0))
     output = next(iter(gm.graph.find_nodes(op="output")))
     graph.output(torch.fx.map_arg(output.args[0], lambda n: value_on(n, None)))
-    module = torch.fx.GraphModule(gm, graph, class_name="AirstreamCuda")
-    return module, fork_event
+    name = "AirstreamCudaTraced" if traced else "AirstreamCuda"
+    return torch.fx.GraphModule(gm, graph, class_name=name), fork_event
 
 
 class CudaExecutor:
@@ -138,6 +150,7 @@ class CudaExecutor:
         self.module, fork_event = _generate(gm, plan)
         self._num_events = fork_event + 1
         self._fn = self.module.forward
+        self._fn_traced = _generate(gm, plan, traced=True)[0].forward
         self._sides: list[Any] | None = None
 
     @property
@@ -158,10 +171,16 @@ class CudaExecutor:
         caller = torch.cuda.current_stream(self.device)
         streams = [caller, *self._side_streams()]
         events = [torch.cuda.Event() for _ in range(self._num_events)]
+        trace = CallTrace() if tracking and tracing_wanted() else None
         try:
-            return self._fn(args, streams, events, tracking)
+            if trace is None:
+                return self._fn(args, streams, events, tracking)
+            traces = {s.label: trace.stream(s.label) for s in self.plan.streams}
+            return self._fn_traced(args, streams, events, tracking, traces)
         finally:
             torch.cuda.set_stream(caller)
+            if trace is not None:
+                trace.finish()
 
     def __call__(self, args: list[Any]) -> Any:
         return self.run(args)

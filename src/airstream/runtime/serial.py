@@ -11,12 +11,17 @@ nobody reads is dropped), so per-op cost is exactly that of an ``fx.GraphModule`
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 import torch.fx
 
 from airstream.ops.library import record, scope_enter, scope_exit, wait, wait_tensor
+from airstream.runtime.codegen import emit_op
+from airstream.runtime.trace import CallTrace, tracing_wanted
+from airstream.schedule.streams import StreamAssignment
 
 __all__ = ["SerialExecutor", "strip_air_ops"]
 
@@ -41,15 +46,35 @@ def strip_air_ops(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(gm, graph, class_name="AirstreamSerial")
 
 
+def _traced(module: torch.fx.GraphModule, stream_of: Mapping[str, str | None]) -> Any:
+    """A copy of ``module`` taking a dict of StreamTraces first, each op bracketed by tracing."""
+    graph = torch.fx.Graph()
+    traces = graph.placeholder("traces")
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in module.graph.nodes:
+        if node.op == "placeholder":
+            env[node] = graph.node_copy(node, env.__getitem__)
+        elif node.op == "call_function":
+            label = stream_of.get(node.name)
+            trace = graph.call_function(operator.getitem, (traces, label))
+            env[node] = emit_op(graph, node, env.__getitem__, trace)
+        else:
+            env[node] = graph.node_copy(node, env.__getitem__)
+    return torch.fx.GraphModule(module, graph, class_name="AirstreamSerialTraced").forward
+
+
 class SerialExecutor:
     """Boxed callable (AOTAutograd convention: takes the argument list) running one graph."""
 
-    def __init__(self, gm: torch.fx.GraphModule) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, streams: StreamAssignment | None = None) -> None:
         # An instance attribute, so wrappers made with functools.wraps (AOTAutograd wraps the
         # backward compiler's result) copy it and keep calling us boxed.
         self._boxed_call = True
         self.module = strip_air_ops(gm)
         self._forward = self.module.forward
+        self._stream_of = dict(streams.stream_of) if streams is not None else {}
+        self._labels = tuple(streams.streams) if streams is not None else (None,)
+        self._forward_traced = _traced(self.module, self._stream_of)
 
     @property
     def code(self) -> str:
@@ -57,4 +82,12 @@ class SerialExecutor:
         return self.module.code
 
     def __call__(self, args: list[Any]) -> Any:
-        return self._forward(*args)
+        if not tracing_wanted():
+            return self._forward(*args)
+        trace = CallTrace()
+        try:
+            return self._forward_traced(
+                {label: trace.stream(label) for label in self._labels}, *args
+            )
+        finally:
+            trace.finish()
