@@ -24,6 +24,7 @@ from torch._functorch import config as functorch_config
 
 import airstream.ops.library  # noqa: F401  (registers the air ops)
 from airstream.config import CompilerConfig
+from airstream.debug.dump import DumpObserver, GraphDumper, dumper_for
 from airstream.decompositions import decomposition_table
 from airstream.errors import ConfigError
 from airstream.ops.library import is_air_op
@@ -86,13 +87,6 @@ def _warn_unimplemented(config: CompilerConfig) -> None:
             "yet; running the 'reduce-overhead' path (generated aten code)",
             stacklevel=3,
         )
-    if config.debug.graph_dump.type is not None:
-        warnings.warn(
-            f"airstream: debug.graph_dump.type={config.debug.graph_dump.type!r} is not "
-            "implemented yet; no graph dump is written (see CompiledGraph records on the "
-            "backend, or `airstream demo`)",
-            stacklevel=3,
-        )
 
 
 def _cuda_device(gm: torch.fx.GraphModule) -> torch.device | None:
@@ -120,22 +114,29 @@ class GraphCompiler:
         config: CompilerConfig,
         kind: str | None,
         on_compiled: Callable[[CompiledGraph], None] | None = None,
+        dumper: GraphDumper | None = None,
     ) -> None:
         if kind is not None and kind not in GRAPH_KINDS:
             raise ValueError(f"graph kind must be one of {GRAPH_KINDS}, got {kind!r}")
         self.config = config
         self.kind = kind
         self.on_compiled = on_compiled
+        self.dumper = dumper
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Executor:
         kind = self.kind or _graph_kind(gm)
         _warn_unimplemented(self.config)
-        results = PassManager(self.config).run(gm, example_inputs, kind)
+        dumper = self.dumper if self.dumper is not None else dumper_for(self.config)
+        observer = DumpObserver(dumper) if dumper is not None else None
+        results = PassManager(self.config, observer).run(gm, example_inputs, kind)
         streams = assign_streams(
             gm, single_stream=self.config.ge_config.enable_single_stream, graph_kind=kind
         )
         plan = build_plan(gm, streams)
         executor = self._executor(gm, plan, streams)
+        if dumper is not None:
+            dumper.dump(kind, "plan", gm, streams=streams, plan=plan, code=executor.code)
+            dumper.summary(kind, plan)
         if self.on_compiled is not None:
             self.on_compiled(CompiledGraph(kind, gm, streams, plan, tuple(results), executor))
         return executor
@@ -175,6 +176,7 @@ class AirstreamBackend:
         self.config = config
         self.decompositions = decomposition_table(decompositions)
         self.graphs: list[CompiledGraph] = []
+        self.dumpers: list[GraphDumper] = []  # one per Dynamo graph when dumps are on
         self._lock = threading.Lock()
 
     def _record(self, compiled: CompiledGraph) -> None:
@@ -185,10 +187,14 @@ class AirstreamBackend:
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
     ) -> Callable[..., Any]:
         config = self.config
+        dumper = dumper_for(config)
+        if dumper is not None:
+            dumper.dump("dynamo", "", gm)
+            self.dumpers.append(dumper)
         aot = aot_autograd(
-            fw_compiler=GraphCompiler(config, "forward", self._record),
-            bw_compiler=GraphCompiler(config, "backward", self._record),
-            inference_compiler=GraphCompiler(config, "inference", self._record),
+            fw_compiler=GraphCompiler(config, "forward", self._record, dumper),
+            bw_compiler=GraphCompiler(config, "backward", self._record, dumper),
+            inference_compiler=GraphCompiler(config, "inference", self._record, dumper),
             decompositions=self.decompositions,
             partition_fn=_keep_air_ops_in_forward,
             keep_inference_input_mutations=config.experimental_config.keep_inference_input_mutations,

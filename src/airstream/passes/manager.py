@@ -24,7 +24,7 @@ from airstream.passes.builtin import BUILTIN_PASSES
 from airstream.passes.meta import check_meta, fill_meta
 from airstream.passes.regions import air_layout
 
-__all__ = ["PassManager", "PassResult", "PassSpec", "STAGES", "pass_name"]
+__all__ = ["PassManager", "PassObserver", "PassResult", "PassSpec", "STAGES", "pass_name"]
 
 log = logging.getLogger("airstream.passes")
 
@@ -68,6 +68,23 @@ class PassResult:
     nodes_after: int
 
 
+class PassObserver:
+    """Instrument hooks around the pipeline (graph dumps use them); all no-ops by default."""
+
+    def started(self, gm: torch.fx.GraphModule, graph_kind: str) -> None:
+        """The graph as the pipeline receives it."""
+
+    def before_pass(self, spec: PassSpec, gm: torch.fx.GraphModule, graph_kind: str) -> None:
+        """About to run ``spec``."""
+
+    def stage_done(self, stage: str, gm: torch.fx.GraphModule, graph_kind: str) -> None:
+        """Every pass of ``stage`` has run."""
+
+    def failed(self, spec: PassSpec, gm: torch.fx.GraphModule, graph_kind: str) -> str | None:
+        """``spec`` failed; return where the graph from before it was written, if anywhere."""
+        return None
+
+
 def _slot(value: Any) -> tuple[GraphPass, ...]:
     if value is None:
         return ()
@@ -79,8 +96,9 @@ def _slot(value: Any) -> tuple[GraphPass, ...]:
 class PassManager:
     """Runs the configured passes over a graph, with the instruments around each one."""
 
-    def __init__(self, config: CompilerConfig) -> None:
+    def __init__(self, config: CompilerConfig, observer: PassObserver | None = None) -> None:
         self.config = config
+        self.observer = observer or PassObserver()
         specs = [PassSpec(pass_name(fn), PRE, fn) for fn in _slot(config.post_grad_custom_pre_pass)]
         for option, fn in BUILTIN_PASSES:
             if config.get_option(option):
@@ -95,11 +113,19 @@ class PassManager:
     ) -> list[PassResult]:
         """Run every pass on ``gm`` in order; return a result per pass."""
         results = []
-        for spec in self.passes:
+        self.observer.started(gm, graph_kind)
+        for i, spec in enumerate(self.passes):
+            self.observer.before_pass(spec, gm, graph_kind)
             results.append(self._run_one(spec, gm, example_inputs, graph_kind))
+            last_of_stage = i + 1 == len(self.passes) or self.passes[i + 1].stage != spec.stage
+            if last_of_stage:
+                self.observer.stage_done(spec.stage, gm, graph_kind)
         return results
 
-    def _error(self, spec: PassSpec, kind: str, message: str) -> PassError:
+    def _error(self, spec: PassSpec, kind: str, message: str, gm: Any = None) -> PassError:
+        where = self.observer.failed(spec, gm, kind) if gm is not None else None
+        if where:
+            message += f"\nThe graph from before this pass is in {where}"
         return PassError(
             f"pass {spec.name!r} (stage {spec.stage}) on the {kind} graph: {message}",
             pass_name=spec.name,
@@ -116,7 +142,7 @@ class PassManager:
         try:
             spec.fn(gm, example_inputs, self.config)
         except Exception as exc:
-            raise self._error(spec, kind, f"raised {type(exc).__name__}: {exc}") from exc
+            raise self._error(spec, kind, f"raised {type(exc).__name__}: {exc}", gm) from exc
         seconds = time.perf_counter() - start
         for node in gm.graph.nodes:
             if node not in before_nodes:
@@ -127,18 +153,21 @@ class PassManager:
             gm.recompile()
         except Exception as exc:
             raise self._error(
-                spec, kind, f"left a graph that cannot be compiled: {type(exc).__name__}: {exc}"
+                spec,
+                kind,
+                f"left a graph that cannot be compiled: {type(exc).__name__}: {exc}",
+                gm,
             ) from exc
         if layout is not None:
             moved = air_layout(gm.graph).moved_since(layout)
             if moved:
-                raise self._error(spec, kind, f"a built-in pass changed the air ops: {moved}")
+                raise self._error(spec, kind, f"a built-in pass changed the air ops: {moved}", gm)
         if self.config.debug.verify_passes:
             try:
                 check_meta(gm, example_inputs)
             except Exception as exc:
                 raise self._error(
-                    spec, kind, f"left the graph invalid: {type(exc).__name__}: {exc}"
+                    spec, kind, f"left the graph invalid: {type(exc).__name__}: {exc}", gm
                 ) from exc
         result = PassResult(
             spec.name, spec.stage, kind, seconds, len(before_nodes), len(gm.graph.nodes)

@@ -1,0 +1,192 @@
+"""Graph dumps driven by ``debug.graph_dump.type`` and ``debug.graph_dump.path``.
+
+One file per step, numbered so ``ls`` shows the order and named for the graph and the step::
+
+    000_dynamo.txt
+    001_inference_after_aot.txt
+    002_inference_after_post_grad_custom_pre_pass.txt
+    003_inference_after_builtin.txt
+    004_inference_plan.txt
+    005_inference_summary.txt          (stream allocation summary, every type)
+
+Types: ``txt`` (each node with its stream; the plan dump adds the steps and syncs), ``py`` (the
+graph's code; the plan dump is the code the executor runs), ``dot`` and ``svg`` (Graphviz; an
+``svg`` request without Graphviz's ``dot`` on the machine writes the ``.dot`` and warns). On a
+pass failure the graph from before the failing pass is written as ``NNN_<kind>_before_<pass>``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shutil
+import subprocess
+import threading
+import warnings
+from typing import Any
+
+import torch.fx
+
+from airstream.debug.dot import to_dot
+from airstream.debug.report import format_streams
+from airstream.errors import StreamError
+from airstream.passes.manager import PassObserver, PassSpec
+from airstream.schedule.plan import StreamPlan
+from airstream.schedule.streams import StreamAssignment, assign_streams
+
+__all__ = ["DumpObserver", "GraphDumper", "dumper_for"]
+
+
+_numbers: dict[str, itertools.count[int]] = {}
+_numbers_lock = threading.Lock()
+
+
+def _next_number(directory: str) -> int:
+    """Sequence numbers per directory, process-wide, continuing after files already there, so
+    every backend and every Dynamo graph writing to one directory gets ordered, unique names."""
+    with _numbers_lock:
+        counter = _numbers.get(directory)
+        if counter is None:
+            existing = [
+                int(m.group(1))
+                for name in (os.listdir(directory) if os.path.isdir(directory) else [])
+                if (m := re.match(r"(\d+)_", name))
+            ]
+            counter = _numbers[directory] = itertools.count(max(existing, default=-1) + 1)
+        return next(counter)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")[:80]
+
+
+class GraphDumper:
+    """Writes numbered dumps of one backend's graphs into one directory."""
+
+    def __init__(self, kind: str, path: str) -> None:
+        self.kind = kind
+        self.path = os.path.abspath(path)
+        self.written: list[str] = []
+
+    def _next(self, graph_kind: str, step: str, ext: str) -> str:
+        os.makedirs(self.path, exist_ok=True)
+        number = _next_number(self.path)
+        name = f"{number:03d}_{graph_kind}_{step}" if step else f"{number:03d}_{graph_kind}"
+        return os.path.join(self.path, f"{name}.{ext}")
+
+    def _write(self, path: str, text: str) -> str:
+        with open(path, "w") as f:
+            f.write(text)
+        self.written.append(path)
+        return path
+
+    def _render(
+        self,
+        gm: torch.fx.GraphModule,
+        streams: StreamAssignment | None,
+        plan: StreamPlan | None,
+        code: str | None,
+        title: str,
+    ) -> str:
+        if self.kind == "txt":
+            text = f"# {title}\n"
+            if streams is None:
+                text += gm.print_readable(print_output=False)
+            else:
+                text += format_streams(gm, streams)
+            if plan is not None:
+                text += "\n\n# plan\n" + str(plan) + "\n\n" + plan.summary()
+            return text + "\n"
+        if self.kind == "py":
+            return f"# {title}\n" + (code if code is not None else gm.code)
+        return to_dot(gm, streams, plan, title)
+
+    def _streams(self, gm: torch.fx.GraphModule) -> StreamAssignment | None:
+        try:
+            return assign_streams(gm)
+        except StreamError:
+            return None  # an intermediate graph may hold half a scope: dump it plain
+
+    def text_for(self, gm: torch.fx.GraphModule, title: str) -> str:
+        """The dump text of ``gm`` now (kept by the pass manager before each pass)."""
+        return self._render(gm, self._streams(gm), None, None, title)
+
+    def dump(
+        self,
+        graph_kind: str,
+        step: str,
+        gm: torch.fx.GraphModule,
+        *,
+        streams: StreamAssignment | None = None,
+        plan: StreamPlan | None = None,
+        code: str | None = None,
+        text: str | None = None,
+    ) -> str:
+        """Write one step's dump; returns its path (the .svg, or the .dot when it could not
+        be rendered)."""
+        title = f"{graph_kind} {step}".strip()
+        if text is None:
+            if streams is None and plan is None:
+                streams = self._streams(gm)
+            text = self._render(gm, streams, plan, code, title)
+        ext = {"txt": "txt", "py": "py"}.get(self.kind, "dot")
+        path = self._write(self._next(graph_kind, _slug(step), ext), text)
+        if self.kind == "svg":
+            path = self._render_svg(path)
+        return path
+
+    def summary(self, graph_kind: str, plan: StreamPlan) -> str:
+        """Write the stream allocation summary of a graph's plan."""
+        return self._write(self._next(graph_kind, "summary", "txt"), plan.summary() + "\n")
+
+    def _render_svg(self, dot_path: str) -> str:
+        exe = shutil.which("dot")
+        if exe is None:
+            warnings.warn(
+                "airstream: debug.graph_dump.type='svg' needs Graphviz's `dot` program, which is "
+                "not on PATH; writing .dot files instead (install the graphviz package)",
+                stacklevel=2,
+            )
+            return dot_path
+        svg_path = dot_path[: -len(".dot")] + ".svg"
+        subprocess.run([exe, "-Tsvg", dot_path, "-o", svg_path], check=True, timeout=120)
+        os.remove(dot_path)
+        self.written[self.written.index(dot_path)] = svg_path
+        return svg_path
+
+    def __repr__(self) -> str:
+        return f"GraphDumper({self.kind!r}, {self.path!r})"
+
+
+def dumper_for(config: Any) -> GraphDumper | None:
+    """The dumper a config asks for, or None when dumps are off."""
+    dump = config.debug.graph_dump
+    return None if dump.type is None else GraphDumper(dump.type, dump.path)
+
+
+class DumpObserver(PassObserver):
+    """Dumps the graph as the pipeline receives it and after each stage; on a failure, the graph
+    from before the failing pass (rendered before each pass, since the pass edits in place)."""
+
+    def __init__(self, dumper: GraphDumper) -> None:
+        self.dumper = dumper
+        self._before: dict[str, str] = {}
+
+    def started(self, gm: torch.fx.GraphModule, graph_kind: str) -> None:
+        self.dumper.dump(graph_kind, "after_aot", gm)
+
+    def before_pass(self, spec: PassSpec, gm: torch.fx.GraphModule, graph_kind: str) -> None:
+        self._before[graph_kind] = self.dumper.text_for(
+            gm, f"{graph_kind} before pass {spec.name} ({spec.stage})"
+        )
+
+    def stage_done(self, stage: str, gm: torch.fx.GraphModule, graph_kind: str) -> None:
+        self.dumper.dump(graph_kind, f"after_{stage}", gm)
+
+    def failed(self, spec: PassSpec, gm: torch.fx.GraphModule, graph_kind: str) -> str | None:
+        text = self._before.get(graph_kind)
+        if text is None:
+            return None
+        name = spec.name.rsplit(".", 1)[-1]
+        return self.dumper.dump(graph_kind, f"before_{name}", gm, text=text)
