@@ -8,6 +8,7 @@ opt = torch.compile(model, backend=airstream.get_backend(compiler_config=config)
 from airstream import ops
 from airstream.backend import get_backend, get_compiler, get_npu_backend
 from airstream.config import CompilerConfig
+from airstream.debug.explain import explain
 from airstream.debug.profile import profile
 from airstream.errors import ConfigError, PassError, StreamError
 from airstream.ops.stream import stream
@@ -17,6 +18,7 @@ __all__ = [
     "ConfigError",
     "PassError",
     "StreamError",
+    "explain",
     "get_backend",
     "get_compiler",
     "get_npu_backend",

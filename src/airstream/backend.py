@@ -28,7 +28,7 @@ from airstream.debug.dump import DumpObserver, GraphDumper, dumper_for
 from airstream.decompositions import decomposition_table
 from airstream.errors import ConfigError
 from airstream.ops.library import is_air_op
-from airstream.passes.manager import PassManager, PassResult
+from airstream.passes.manager import PassManager, PassObserver, PassResult, PassSpec
 from airstream.runtime.cpu import CpuExecutor
 from airstream.runtime.cuda import CudaExecutor, CudaGraphExecutor
 from airstream.runtime.serial import SerialExecutor
@@ -106,6 +106,29 @@ def _graph_kind(gm: torch.fx.GraphModule) -> str:
     return "forward"
 
 
+class _Observers(PassObserver):
+    """Several observers as one."""
+
+    def __init__(self, observers: Sequence[PassObserver]) -> None:
+        self.observers = tuple(observers)
+
+    def started(self, gm: torch.fx.GraphModule, graph_kind: str) -> None:
+        for o in self.observers:
+            o.started(gm, graph_kind)
+
+    def before_pass(self, spec: PassSpec, gm: torch.fx.GraphModule, graph_kind: str) -> None:
+        for o in self.observers:
+            o.before_pass(spec, gm, graph_kind)
+
+    def stage_done(self, stage: str, gm: torch.fx.GraphModule, graph_kind: str) -> None:
+        for o in self.observers:
+            o.stage_done(stage, gm, graph_kind)
+
+    def failed(self, spec: PassSpec, gm: torch.fx.GraphModule, graph_kind: str) -> str | None:
+        paths = [p for o in self.observers if (p := o.failed(spec, gm, graph_kind))]
+        return paths[0] if paths else None
+
+
 class GraphCompiler:
     """An AOTAutograd graph compiler: ``(gm, example_inputs) -> boxed callable``."""
 
@@ -115,6 +138,7 @@ class GraphCompiler:
         kind: str | None,
         on_compiled: Callable[[CompiledGraph], None] | None = None,
         dumper: GraphDumper | None = None,
+        observer: PassObserver | None = None,
     ) -> None:
         if kind is not None and kind not in GRAPH_KINDS:
             raise ValueError(f"graph kind must be one of {GRAPH_KINDS}, got {kind!r}")
@@ -122,13 +146,19 @@ class GraphCompiler:
         self.kind = kind
         self.on_compiled = on_compiled
         self.dumper = dumper
+        self.observer = observer
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Executor:
         kind = self.kind or _graph_kind(gm)
         _warn_unimplemented(self.config)
         dumper = self.dumper if self.dumper is not None else dumper_for(self.config)
-        observer = DumpObserver(dumper) if dumper is not None else None
-        results = PassManager(self.config, observer).run(gm, example_inputs, kind)
+        observers = [o for o in (self.observer,) if o is not None]
+        if dumper is not None:
+            observers.append(DumpObserver(dumper))
+        observer = observers[0] if len(observers) == 1 else _Observers(observers)
+        results = PassManager(self.config, observer if observers else None).run(
+            gm, example_inputs, kind
+        )
         streams = assign_streams(
             gm, single_stream=self.config.ge_config.enable_single_stream, graph_kind=kind
         )
@@ -179,6 +209,10 @@ class AirstreamBackend:
         self.dumpers: list[GraphDumper] = []  # one per Dynamo graph when dumps are on
         self._lock = threading.Lock()
 
+    def _observer(self) -> PassObserver | None:
+        """An extra pass-pipeline observer for every graph (subclasses, e.g. explain)."""
+        return None
+
     def _record(self, compiled: CompiledGraph) -> None:
         with self._lock:
             self.graphs.append(compiled)
@@ -191,10 +225,11 @@ class AirstreamBackend:
         if dumper is not None:
             dumper.dump("dynamo", "", gm)
             self.dumpers.append(dumper)
+        observer = self._observer()
         aot = aot_autograd(
-            fw_compiler=GraphCompiler(config, "forward", self._record, dumper),
-            bw_compiler=GraphCompiler(config, "backward", self._record, dumper),
-            inference_compiler=GraphCompiler(config, "inference", self._record, dumper),
+            fw_compiler=GraphCompiler(config, "forward", self._record, dumper, observer),
+            bw_compiler=GraphCompiler(config, "backward", self._record, dumper, observer),
+            inference_compiler=GraphCompiler(config, "inference", self._record, dumper, observer),
             decompositions=self.decompositions,
             partition_fn=_keep_air_ops_in_forward,
             keep_inference_input_mutations=config.experimental_config.keep_inference_input_mutations,

@@ -12,7 +12,7 @@ __all__ = ["main"]
 def _demo(args: argparse.Namespace) -> int:
     from airstream.demo import run_demo
 
-    text, ok = run_demo(size=args.size, seed=args.seed)
+    text, ok = run_demo(size=args.size, seed=args.seed, out_dir=args.out or None)
     print(text, end="")
     return 0 if ok else 1
 
@@ -41,6 +41,36 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _explain(args: argparse.Namespace) -> int:
+    import importlib
+
+    from airstream.config import CompilerConfig
+    from airstream.debug.explain import explain
+
+    module_name, _, attr = args.target.partition(":")
+    if not attr:
+        print(f"airstream explain: expected module:factory, got {args.target!r}", file=sys.stderr)
+        return 2
+    sys.path.insert(0, ".")
+    factory = getattr(importlib.import_module(module_name), attr)
+    made = factory()
+    if not isinstance(made, tuple) or len(made) not in (2, 3):
+        print(
+            f"airstream explain: {args.target}() must return (model, inputs) or "
+            f"(model, inputs, compiler_config), got {type(made).__name__}",
+            file=sys.stderr,
+        )
+        return 2
+    model, inputs = made[0], made[1]
+    config = made[2] if len(made) == 3 else CompilerConfig()
+    if args.dump:
+        config.debug.graph_dump.type = args.dump
+        config.debug.graph_dump.path = args.dump_path
+    inputs = inputs if isinstance(inputs, (list, tuple)) else (inputs,)
+    print(explain(model, *inputs, compiler_config=config))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``airstream`` command."""
     parser = argparse.ArgumentParser(
@@ -53,7 +83,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--size", type=int, default=64, help="side of the square input (default 64)")
     demo.add_argument("--seed", type=int, default=0, help="random seed of the input")
+    demo.add_argument(
+        "--out",
+        default="airstream_demo",
+        help="where to write the dumps and the timeline (default airstream_demo; '' for none)",
+    )
     demo.set_defaults(func=_demo)
+
+    explain = sub.add_parser(
+        "explain", help="compile a model without running it and report what airstream decided"
+    )
+    explain.add_argument(
+        "target",
+        help="module:factory; factory() returns (model, inputs) or (model, inputs, config)",
+    )
+    explain.add_argument("--dump", choices=["txt", "py", "dot", "svg"], help="also write dumps")
+    explain.add_argument("--dump-path", default="airstream_dump", help="where dumps go")
+    explain.set_defaults(func=_explain)
 
     bench = sub.add_parser("bench", help="run a benchmark and print its figures")
     bench.add_argument(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import io
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,6 +12,7 @@ import torch
 
 from airstream.backend import get_backend
 from airstream.config import CompilerConfig
+from airstream.debug.profile import profile
 from airstream.debug.report import control_edges, format_streams, stream_name
 from airstream.examples.guide import Model, custom_pre_pass
 
@@ -21,8 +23,11 @@ def _heading(out: io.StringIO, text: str) -> None:
     out.write(f"\n== {text} ==\n")
 
 
-def run_demo(size: int = 64, seed: int = 0) -> tuple[str, bool]:
-    """Compile and run the guide's example; return the report text and whether it matched eager."""
+def run_demo(size: int = 64, seed: int = 0, out_dir: str | None = None) -> tuple[str, bool]:
+    """Compile and run the guide's example; return the report text and whether it matched eager.
+
+    With ``out_dir``, also write the graph dumps (svg, or dot without Graphviz) and the profile
+    of a few calls (Chrome trace and SVG timeline) there."""
     out = io.StringIO()
     snapshots: dict[str, str] = {}
 
@@ -35,6 +40,9 @@ def run_demo(size: int = 64, seed: int = 0) -> tuple[str, bool]:
 
     config = CompilerConfig()
     config.post_grad_custom_pre_pass = observed_pass
+    if out_dir is not None:
+        config.debug.graph_dump.type = "svg"
+        config.debug.graph_dump.path = os.path.join(out_dir, "dumps")
     backend = get_backend(compiler_config=config)
     model = Model()
     compiled = torch.compile(model, backend=backend)
@@ -73,6 +81,19 @@ def run_demo(size: int = 64, seed: int = 0) -> tuple[str, bool]:
     }.get(type(graph.executor).__name__, type(graph.executor).__name__)
     _heading(out, f"generated code that runs ({runtime})")
     out.write(graph.executor.code.strip() + "\n")
+    if out_dir is not None:
+        with profile() as prof:
+            for _ in range(3):
+                compiled(x)
+        trace = prof.export_chrome_trace(os.path.join(out_dir, "trace.json"))
+        timeline = prof.export_svg(os.path.join(out_dir, "timeline.svg"))
+        _heading(out, "profile of 3 calls")
+        out.write(prof.summary() + "\n")
+        _heading(out, "files written")
+        for path in [p for d in backend.dumpers for p in d.written]:
+            out.write(f"dump      {path}\n")
+        out.write(f"trace     {trace}  (open in Perfetto or chrome://tracing)\n")
+        out.write(f"timeline  {timeline}\n")
     _heading(out, "result")
     ok = all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
     per_stream = {stream_name(s): len(graph.streams.nodes_on(s)) for s in graph.streams.streams}

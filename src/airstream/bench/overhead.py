@@ -6,6 +6,8 @@ aten graph are timed interleaved (medians):
 - ``fx.GraphModule``: FX-generated Python code (the baseline),
 - ``fx.Interpreter``: node-by-node interpretation (what airstream avoids),
 - ``airstream executor``: airstream's serial executor called directly,
+- ``executor code, no profiler check``: the executor's generated code without the per-call
+  check for an active profiler (what tracing costs when nobody profiles is the difference),
 - ``airstream torch.compile``: the whole compiled call (Dynamo guards, AOTAutograd wrapper),
 - ``aot_eager torch.compile``: PyTorch's own AOTAutograd backend, for the fixed per-call cost that
   any AOTAutograd backend pays.
@@ -70,6 +72,7 @@ def _measure(ops: int, rounds: int, calls: int) -> dict[str, Any]:
             "fx.GraphModule": lambda: gm(x),
             "fx.Interpreter": lambda: interpreter.run(x),
             "airstream executor": lambda: executor([x]),
+            "executor code, no profiler check": lambda: executor._forward(x),
             "airstream torch.compile": lambda: compiled(x),
             "aot_eager torch.compile": lambda: aot_eager(x),
         },
@@ -78,8 +81,11 @@ def _measure(ops: int, rounds: int, calls: int) -> dict[str, Any]:
     )
     base = medians["fx.GraphModule"]
     side = _side_stream_cost(rounds, calls)
+    check = medians["airstream executor"] - medians["executor code, no profiler check"]
     return {
         "side_stream": side,
+        # What the per-call "is anyone profiling?" check adds, spread over the ops of the call.
+        "us_profiler_check_per_op": check * 1e6 / ops,
         "benchmark": "overhead",
         "ops": ops,
         "cores": os.cpu_count(),
@@ -170,6 +176,10 @@ def format_overhead(report: dict[str, Any]) -> str:
             f"{name:<26}{r['us_per_call']:>10.1f}{r['us_per_op']:>8.2f}"
             f"{r['ratio_vs_graphmodule']:>15.2f}x"
         )
+    lines.append(
+        f"with no profiler active, tracing adds {report['us_profiler_check_per_op']:.4f} us "
+        "per op (one check per call, spread over the call's ops)"
+    )
     side = report["side_stream"]
     lines.append(
         f"one side stream: {side['us_per_call_one_side_stream']:.1f} us/call vs "

@@ -42,3 +42,12 @@ def custom_pre_pass(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], con
         if node.op == "call_function" and node.target == torch.ops.aten.sub.Tensor:
             with g.inserting_before(node):  # sub starts only after abs has finished
                 g.call_function(torch.ops.air.wait.default, args=([record_node],))
+
+
+def explain_target() -> tuple[Model, tuple[torch.Tensor], Any]:
+    """For ``airstream explain airstream.examples.guide:explain_target``."""
+    from airstream.config import CompilerConfig
+
+    config = CompilerConfig()
+    config.post_grad_custom_pre_pass = custom_pre_pass
+    return Model(), (torch.randn(64, 64),), config

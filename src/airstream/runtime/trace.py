@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.autograd.profiler
 
 __all__ = [
     "CallTrace",
@@ -33,7 +34,13 @@ _listeners: tuple[Callable[[CallTrace], None], ...] = ()  # replaced, never muta
 _listeners_lock = threading.Lock()
 _call_ids = itertools.count()
 now_ns = time.perf_counter_ns
-_profiler_enabled = torch._C._autograd._profiler_enabled
+_thread_profiler_enabled = torch._C._autograd._profiler_enabled
+
+
+def _profiler_enabled() -> bool:
+    """torch.profiler is recording (its Python flag also covers profile_all_threads=True, where
+    the thread-local check stays False)."""
+    return torch.autograd.profiler._is_profiler_enabled or _thread_profiler_enabled()
 
 
 def add_listener(listener: Callable[[CallTrace], None]) -> None:
