@@ -18,9 +18,8 @@ def test_overhead_report_structure() -> None:
         "airstream executor",
         "airstream torch.compile",
         "aot_eager torch.compile",
-        "executor code, no profiler check",
     }
-    assert "us_profiler_check_per_op" in report
+    assert 0 < report["us_profiler_check_per_call"] < 100
     assert report["results"]["fx.GraphModule"]["ratio_vs_graphmodule"] == pytest.approx(1.0)
     assert all(r["us_per_call"] > 0 for r in report["results"].values())
     assert "vs GraphModule" in format_overhead(report)

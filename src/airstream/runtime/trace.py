@@ -34,13 +34,14 @@ _listeners: tuple[Callable[[CallTrace], None], ...] = ()  # replaced, never muta
 _listeners_lock = threading.Lock()
 _call_ids = itertools.count()
 now_ns = time.perf_counter_ns
-_thread_profiler_enabled = torch._C._autograd._profiler_enabled
+_autograd_profiler = torch.autograd.profiler
 
 
 def _profiler_enabled() -> bool:
-    """torch.profiler is recording (its Python flag also covers profile_all_threads=True, where
-    the thread-local check stays False)."""
-    return torch.autograd.profiler._is_profiler_enabled or _thread_profiler_enabled()
+    """torch.profiler (or torch.autograd.profiler) is recording. Its Python flag is one
+    attribute read, and unlike the thread-local C++ check it is also set with
+    ``profile_all_threads=True``; a profiler started from C++ alone is not seen."""
+    return _autograd_profiler._is_profiler_enabled
 
 
 def add_listener(listener: Callable[[CallTrace], None]) -> None:
@@ -59,7 +60,7 @@ def remove_listener(listener: Callable[[CallTrace], None]) -> None:
 
 def tracing_wanted() -> bool:
     """True if this call should run the traced code (checked once per call)."""
-    return bool(_listeners) or _profiler_enabled()
+    return bool(_listeners) or _autograd_profiler._is_profiler_enabled
 
 
 @dataclass(frozen=True)
