@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +13,7 @@ from airstream.cli import main
 
 
 def test_demo_explains_the_guide_example(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--size", "16"]) == 0
+    assert main(["demo", "--size", "16", "--out", ""]) == 0
     out = capsys.readouterr().out
     assert "graph before the custom pre pass" in out and "graph after the custom pre pass" in out
     assert "torch.ops.air.scope_enter.default(['_user_stream_label'], ['stream_1'])" in out
@@ -22,15 +23,21 @@ def test_demo_explains_the_guide_example(capsys: pytest.CaptureFixture[str]) -> 
     assert "equal eager PyTorch (torch.equal, 16x16 input): yes" in out
 
 
-def test_console_script_is_installed() -> None:
+def test_console_script_is_installed(tmp_path: Path) -> None:
     exe = shutil.which("airstream")
     if exe is None:
         pytest.skip("package not installed with its console script (pip install -e .)")
     result = subprocess.run(
-        [exe, "demo", "--size", "8"], capture_output=True, text=True, timeout=300, check=False
+        [exe, "demo", "--size", "8"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
     assert "equal eager PyTorch" in result.stdout
+    assert (tmp_path / "airstream_demo" / "timeline.svg").exists()
 
 
 def test_module_entry() -> None:
