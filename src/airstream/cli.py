@@ -71,6 +71,40 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _selftest(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    if args.suite == "fuzz":
+        from airstream.selftest.fuzz import run_fuzz
+
+        start = time.perf_counter()
+        report = run_fuzz(args.cases, seed=args.seed, runs=args.runs)
+        report["seconds"] = round(time.perf_counter() - start, 1)
+        report["seed"] = args.seed
+        if args.json:
+            print(json.dumps(report, indent=2))
+        else:
+            print(
+                f"fuzz: {report['valid']} valid programs ({report['side_stream_programs']} with "
+                f"side streams), each run {args.runs}x through the CPU runtime and the serial "
+                f"executor: all equal, no hang; {report['invalid']} broken programs: all "
+                f"StreamError {report['invalid_kinds']}; seed {args.seed}, "
+                f"{report['seconds']} s"
+            )
+        return 0
+    from airstream.selftest.opinfo import format_sweep, run_sweep
+
+    sweep = run_sweep(
+        ops=args.ops.split(",") if args.ops else None,
+        max_samples=args.max_samples,
+        inductor=not args.no_inductor,
+        progress=not args.json,
+    )
+    print(json.dumps(sweep, indent=2) if args.json else format_sweep(sweep))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``airstream`` command."""
     parser = argparse.ArgumentParser(
@@ -100,6 +134,19 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--dump", choices=["txt", "py", "dot", "svg"], help="also write dumps")
     explain.add_argument("--dump-path", default="airstream_dump", help="where dumps go")
     explain.set_defaults(func=_explain)
+
+    selftest = sub.add_parser("selftest", help="run the fuzzer or the OpInfo sweep")
+    selftest.add_argument("suite", choices=["fuzz", "opinfo"])
+    selftest.add_argument("--cases", type=int, default=1000, help="fuzz: programs (default 1000)")
+    selftest.add_argument("--seed", type=int, default=0, help="fuzz: seed (default 0)")
+    selftest.add_argument("--runs", type=int, default=2, help="fuzz: runs per program")
+    selftest.add_argument("--ops", default="", help="opinfo: comma-separated op names (all)")
+    selftest.add_argument(
+        "--max-samples", type=int, default=None, help="opinfo: samples per op (all)"
+    )
+    selftest.add_argument("--no-inductor", action="store_true", help="opinfo: skip Inductor")
+    selftest.add_argument("--json", action="store_true", help="print the report as JSON")
+    selftest.set_defaults(func=_selftest)
 
     bench = sub.add_parser("bench", help="run a benchmark and print its figures")
     bench.add_argument(

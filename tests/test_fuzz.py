@@ -1,0 +1,51 @@
+"""Stream-program fuzzing with hypothesis: CPU runtime == serial executor, no hangs; broken
+programs raise StreamError."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from airstream.selftest import fuzz
+
+_settings = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=True,
+)
+
+
+@_settings
+@given(st.randoms(use_true_random=False))
+def test_random_stream_programs_match_serial(rng: random.Random) -> None:
+    program = fuzz.draw_program(rng, max_steps=20)
+    fuzz.check_program(program, runs=3, timeout=30.0)
+
+
+@_settings
+@given(st.randoms(use_true_random=False))
+def test_broken_stream_programs_raise_stream_error(rng: random.Random) -> None:
+    program = fuzz.draw_program(rng)
+    fuzz.check_invalid(program, rng)
+
+
+def test_fuzzer_covers_every_feature() -> None:
+    rng = random.Random(0)
+    kinds: set[str] = set()
+    for _ in range(50):
+        kinds |= {s.kind for s in fuzz.draw_program(rng).steps}
+    assert kinds == {"op", "rand", "record", "wait", "wait_tensor", "mutate"}
+
+
+def test_a_hang_fails_instead_of_blocking() -> None:
+    import threading
+
+    import pytest
+
+    never = threading.Event()
+    with pytest.raises(fuzz.FuzzHang, match="did not finish within 0.2 s"):
+        fuzz._call_with_timeout(never.wait, 0.2, "a blocked call")
+    never.set()
