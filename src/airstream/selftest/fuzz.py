@@ -190,7 +190,7 @@ def check_program(program: Program, runs: int = 3, timeout: float = 20.0) -> Non
         torch.manual_seed(seed)
         want = serial(ref_inputs)
         torch.manual_seed(seed)
-        got = _call_with_timeout(lambda: parallel(got_inputs), timeout, f"run {run}")
+        got = _call_with_timeout(lambda a=got_inputs: parallel(a), timeout, f"run {run}")
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
             torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True, msg=f"output {i}")
         for i, (g, w) in enumerate(zip(got_inputs, ref_inputs, strict=True)):
