@@ -37,3 +37,30 @@ def fail_if_negative(x: torch.Tensor) -> torch.Tensor:
 @fail_if_negative.register_fake
 def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
+
+
+@torch.library.custom_op("airstream_test::sleep_then_copy", mutates_args=())
+def sleep_then_copy(x: torch.Tensor, seconds: float) -> torch.Tensor:
+    """Sleep (releasing the GIL), then return a copy of ``x``."""
+    import time
+
+    time.sleep(seconds)
+    return x.clone()
+
+
+@sleep_then_copy.register_fake
+def _(x: torch.Tensor, seconds: float) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("airstream_test::interrupt_if_negative", mutates_args=())
+def interrupt_if_negative(x: torch.Tensor) -> torch.Tensor:
+    """Raise KeyboardInterrupt when ``x`` has a negative element; else return a copy."""
+    if bool((x < 0).any()):
+        raise KeyboardInterrupt
+    return x.clone()
+
+
+@interrupt_if_negative.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)

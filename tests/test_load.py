@@ -1,0 +1,191 @@
+"""Faults and load: concurrent failures, 8 x 500 calls, many graphs, 10,000 calls without
+memory growth, interrupted callers."""
+
+from __future__ import annotations
+
+import _thread
+import gc
+import random
+import threading
+import tracemalloc
+from typing import Any
+
+import pytest
+import torch
+from tests import probe_ops
+from tests.conftest import assert_same, compile_model
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import airstream
+from airstream.runtime.cpu import CpuExecutor
+from airstream.runtime.workers import worker_count
+from airstream.schedule import assign_streams
+from airstream.schedule.plan import build_plan
+
+ops = torch.ops.airstream_test
+assert probe_ops.SEEN is not None  # registers the test ops
+
+
+class _TwoFaultable(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with airstream.stream("load_side"):
+            a = ops.fail_if_negative(x).sin()
+        b = ops.fail_if_negative(y).cos()
+        return a + b
+
+
+def _run_threads(target: Any, n: int, timeout: float = 120) -> list[BaseException]:
+    errors: list[BaseException] = []
+
+    def wrapped(i: int) -> None:
+        try:
+            target(i)
+        except BaseException as exc:  # collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wrapped, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), "a caller hung"
+    return errors
+
+
+def test_faults_on_both_streams_under_concurrency() -> None:
+    compiled, _ = compile_model(_TwoFaultable())
+    good = torch.rand(16)
+    compiled(good, good)
+
+    def caller(i: int) -> None:
+        rng = random.Random(i)
+        for _ in range(60):
+            where = rng.choice(["none", "side", "main", "both"])
+            x = -good if where in ("side", "both") else good
+            y = -good if where in ("main", "both") else good
+            if where == "none":
+                assert_same(compiled(x, y), x.sin() + y.cos())
+            else:
+                with pytest.raises(ValueError, match="negative input"):
+                    compiled(x, y)
+
+    assert not _run_threads(caller, 8)
+    assert_same(compiled(good, good), good.sin() + good.cos())
+
+
+class _Mlp2(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with airstream.stream("load_a"):
+            left = self.a(x).relu()
+        return left * self.b(x).sigmoid()
+
+
+def test_eight_threads_times_500_calls() -> None:
+    model = _Mlp2()
+    compiled, _ = compile_model(model)
+    inputs = [torch.randn(4, 16, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+    with torch.no_grad():
+        expected = [model(x) for x in inputs]
+        compiled(inputs[0])
+
+    def caller(i: int) -> None:
+        with torch.no_grad():
+            for _ in range(500):
+                assert_same(compiled(inputs[i]), expected[i], rtol=1e-6, atol=1e-6)
+
+    errors = _run_threads(caller, 8, timeout=300)
+    assert not errors, errors[0]
+
+
+def _graph(i: int) -> tuple[torch.fx.GraphModule, Any]:
+    label = f"many_{i % 3}"
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        torch.ops.air.scope_enter(["_user_stream_label"], [label])
+        a = (x * (i + 1)).sin()
+        torch.ops.air.scope_exit()
+        return a + x.cos()
+
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(8))
+    return gm, f
+
+
+def test_two_hundred_graphs_add_no_threads_beyond_the_registry() -> None:
+    workers_before, threads_before = worker_count(), threading.active_count()
+    x = torch.randn(8)
+    for i in range(200):
+        gm, f = _graph(i)
+        executor = CpuExecutor(gm, build_plan(gm, assign_streams(gm)), 1)
+        assert_same(executor([x]), f(x))
+    new_workers = worker_count() - workers_before
+    assert new_workers <= 3, "one worker per label: many_0, many_1, many_2"
+    assert threading.active_count() - threads_before <= new_workers
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def test_ten_thousand_calls_without_memory_growth() -> None:
+    compiled, _ = compile_model(_Mlp2())
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        for _ in range(500):  # warm up caches and allocators
+            compiled(x)
+        gc.collect()
+        rss_before = _rss_bytes()
+        tracemalloc.start()
+        before = tracemalloc.take_snapshot()
+        for _ in range(10_000):
+            compiled(x)
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+        rss_after = _rss_bytes()
+    growth = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+    print(f"10,000 calls: Python heap {growth:+d} B, RSS {rss_after - rss_before:+d} B")
+    assert growth < 256 * 1024, f"Python heap grew by {growth} bytes over 10,000 calls"
+    assert rss_after - rss_before < 32 * 1024 * 1024, "RSS grew by more than 32 MiB"
+
+
+class _SlowSide(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with airstream.stream("load_slow"):
+            a = ops.sleep_then_copy(x, 0.5)
+        return a + x
+
+
+def test_interrupting_a_blocked_caller_leaves_no_worker_blocked() -> None:
+    compiled, _ = compile_model(_SlowSide())
+    x = torch.rand(4)
+    compiled(x)  # compile (sleeps once)
+    timer = threading.Timer(0.1, _thread.interrupt_main)
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        compiled(x)  # the caller is blocked at the join when the interrupt arrives
+    timer.join()
+    assert_same(compiled(x), x + x)  # the worker is free again
+
+
+class _InterruptMain(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with airstream.stream("load_wait"):
+            a = x.sin()
+        b = ops.interrupt_if_negative(x)
+        with airstream.stream("load_wait"):
+            c = a * b  # the side stream waits for the main stream here
+        return c
+
+
+def test_keyboard_interrupt_from_an_op_on_main_while_a_side_stream_waits() -> None:
+    compiled, _ = compile_model(_InterruptMain())
+    good = torch.rand(4)
+    assert_same(compiled(good), good.sin() * good)
+    with pytest.raises(KeyboardInterrupt):
+        compiled(-good)
+    assert_same(compiled(good), good.sin() * good)
