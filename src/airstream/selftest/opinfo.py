@@ -1,0 +1,302 @@
+"""``airstream selftest opinfo``: PyTorch's operator database through airstream.
+
+Every CPU float32 sample of every OpInfo (``torch.testing._internal.common_methods_invocations``)
+is traced to an aten graph (``make_fx``) and compiled by each configuration, then compared with
+eager PyTorch (``torch.testing.assert_close``'s float32 tolerances, NaNs equal; random ops are
+reseeded before each run):
+
+- ``airstream``: the default pipeline, one stream,
+- ``airstream 3 streams``: every node put on one of 3 streams at random (fixed seed), so every
+  cross-stream edge needs the planner's syncs,
+- ``airstream run_eagerly``: the serial reference executor,
+- ``aot_eager`` and ``inductor``: PyTorch's own backends on the same graphs, the anchors.
+
+A sample ``passes``, ``fails`` (a wrong result without an error) or ``errors``. An airstream
+failure is classified: ``torch`` when aot_eager fails the same sample too, else ``ours``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from airstream.backend import AirstreamBackend
+from airstream.config import CompilerConfig
+from airstream.ops.library import STREAM_LABEL_KEY, is_air_op, scope_enter, scope_exit
+
+__all__ = ["CONFIGS", "SampleResult", "format_sweep", "random_streams", "run_sweep", "sweep_op"]
+
+CONFIGS = ("airstream", "airstream 3 streams", "airstream run_eagerly", "aot_eager", "inductor")
+
+
+def random_streams(seed: int = 0, labels: Sequence[str | None] = (None, "r1", "r2")) -> Any:
+    """A pass wrapping every node in a scope of a randomly chosen stream (fixed seed)."""
+
+    def random_streams_pass(gm: torch.fx.GraphModule, example_inputs: Any, config: Any) -> None:
+        rng = random.Random(seed)
+        graph = gm.graph
+        for node in list(graph.nodes):
+            if node.op != "call_function" or is_air_op(node.target):
+                continue
+            label = rng.choice(labels)
+            if label is None:
+                continue
+            with graph.inserting_before(node):
+                graph.call_function(scope_enter, ([STREAM_LABEL_KEY], [label]))
+            with graph.inserting_after(node):
+                graph.call_function(scope_exit, ())
+
+    return random_streams_pass
+
+
+def _airstream(config: CompilerConfig) -> Callable[..., Any]:
+    def compile_graph(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> Any:
+        return AirstreamBackend(config)(gm, inputs)
+
+    return compile_graph
+
+
+def _aot_eager(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> Any:
+    from torch._dynamo.backends.debugging import aot_eager
+
+    return aot_eager(gm, inputs)
+
+
+def _inductor(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> Any:
+    from torch._inductor.compile_fx import compile_fx
+
+    return compile_fx(gm, list(inputs))
+
+
+def compilers() -> dict[str, Callable[..., Any]]:
+    """Each configuration's ``(gm, example_inputs) -> callable``."""
+    multi = CompilerConfig()
+    multi.post_grad_custom_pre_pass = random_streams(0)
+    eager = CompilerConfig()
+    eager.debug.run_eagerly = True
+    return {
+        "airstream": _airstream(CompilerConfig()),
+        "airstream 3 streams": _airstream(multi),
+        "airstream run_eagerly": _airstream(eager),
+        "aot_eager": _aot_eager,
+        "inductor": _inductor,
+    }
+
+
+@dataclass
+class SampleResult:
+    """One sample under one configuration: ``pass``, ``fail`` or ``error`` (with a reason)."""
+
+    op: str
+    index: int
+    config: str
+    outcome: str
+    reason: str = ""
+
+
+def _leaves(sample: Any) -> tuple[list[torch.Tensor], Callable[[Sequence[torch.Tensor]], Any]]:
+    """The sample's tensors, and a function rebuilding (input, args, kwargs) from new tensors."""
+    flat, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
+    positions = [i for i, leaf in enumerate(flat) if isinstance(leaf, torch.Tensor)]
+
+    def rebuild(tensors: Sequence[torch.Tensor]) -> Any:
+        new = list(flat)
+        for pos, tensor in zip(positions, tensors, strict=True):
+            new[pos] = tensor
+        return pytree.tree_unflatten(new, spec)
+
+    return [flat[i] for i in positions], rebuild
+
+
+def _compare(got: Any, want: Any) -> None:
+    torch.testing.assert_close(got, want, equal_nan=True, check_device=True)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def sweep_op(
+    opinfo: Any,
+    configs: Sequence[str],
+    max_samples: int | None = None,
+    builders: dict[str, Callable[..., Any]] | None = None,
+) -> list[SampleResult]:
+    """Run one OpInfo's CPU float32 samples through ``configs``."""
+    builders = builders or compilers()
+    results = []
+    try:
+        samples = list(opinfo.sample_inputs("cpu", torch.float32, requires_grad=False))
+    except Exception as exc:
+        return [SampleResult(opinfo.name, -1, c, "error", f"sample_inputs: {exc}") for c in configs]
+    for index, sample in enumerate(samples[:max_samples]):
+        tensors, rebuild = _leaves(sample)
+
+        def fn(*ts: torch.Tensor, rebuild: Any = rebuild) -> tuple[Any, ...]:
+            inp, args, kwargs = rebuild(ts)
+            # AOTAutograd wants a flat tuple of outputs
+            return tuple(pytree.tree_leaves(opinfo.op(inp, *args, **kwargs)))
+
+        try:
+            with _quiet():
+                torch.manual_seed(0)
+                want = fn(*[t.clone() for t in tensors])
+                torch.manual_seed(0)
+                gm = make_fx(fn)(*[t.clone() for t in tensors])
+        except Exception as exc:  # eager or tracing itself fails: not a backend question
+            reason = f"eager/trace: {type(exc).__name__}: {str(exc)[:200]}"
+            results += [SampleResult(opinfo.name, index, c, "skip", reason) for c in configs]
+            continue
+        for config in configs:
+            results.append(
+                _run_one(opinfo.name, index, config, builders[config], gm, tensors, want)
+            )
+    return results
+
+
+def _run_one(
+    name: str,
+    index: int,
+    config: str,
+    build: Callable[..., Any],
+    gm: torch.fx.GraphModule,
+    tensors: Sequence[torch.Tensor],
+    want: Any,
+) -> SampleResult:
+    try:
+        with _quiet():
+            compiled = build(gm, [t.clone() for t in tensors])
+            torch.manual_seed(0)
+            got = compiled(*[t.clone() for t in tensors])
+    except Exception as exc:
+        return SampleResult(name, index, config, "error", f"{type(exc).__name__}: {str(exc)[:300]}")
+    try:
+        _compare(tuple(got), want)
+    except Exception as exc:
+        return SampleResult(name, index, config, "fail", f"{type(exc).__name__}: {str(exc)[:300]}")
+    return SampleResult(name, index, config, "pass")
+
+
+@dataclass
+class Sweep:
+    """All results of a sweep, with the per-configuration table."""
+
+    results: list[SampleResult] = field(default_factory=list)
+    configs: tuple[str, ...] = CONFIGS
+    seconds: float = 0.0
+
+    def table(self) -> dict[str, dict[str, int]]:
+        """Per configuration: ops passed (every sample), failed (a wrong result), errored, and
+        sample counts."""
+        out: dict[str, dict[str, int]] = {}
+        for config in self.configs:
+            rows = [r for r in self.results if r.config == config and r.outcome != "skip"]
+            by_op: dict[str, set[str]] = {}
+            for r in rows:
+                by_op.setdefault(r.op, set()).add(r.outcome)
+            out[config] = {
+                "ops_passed": sum(1 for o in by_op.values() if o == {"pass"}),
+                "ops_failed": sum(1 for o in by_op.values() if "fail" in o),
+                "ops_errored": sum(1 for o in by_op.values() if "error" in o and "fail" not in o),
+                "samples": len(rows),
+                "samples_passed": sum(1 for r in rows if r.outcome == "pass"),
+                "samples_failed": sum(1 for r in rows if r.outcome == "fail"),
+                "samples_errored": sum(1 for r in rows if r.outcome == "error"),
+            }
+        return out
+
+    def classified(self) -> list[tuple[SampleResult, str]]:
+        """Every airstream failure or error with ``torch`` (aot_eager fails it too) or ``ours``."""
+        anchor = {(r.op, r.index): r.outcome for r in self.results if r.config == "aot_eager"}
+        out = []
+        for r in self.results:
+            if r.config.startswith("airstream") and r.outcome in ("fail", "error"):
+                theirs = anchor.get((r.op, r.index))
+                out.append((r, "torch" if theirs in ("fail", "error") else "ours"))
+        return out
+
+
+def run_sweep(
+    ops: Sequence[str] | None = None,
+    max_samples: int | None = None,
+    inductor: bool = True,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Sweep ``ops`` (names; default all of op_db); return the table and classified failures."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    configs = tuple(c for c in CONFIGS if inductor or c != "inductor")
+    wanted = [o for o in op_db if torch.float32 in o.supported_dtypes("cpu")]
+    if ops:
+        wanted = [o for o in wanted if o.name in ops or f"{o.name}.{o.variant_test_name}" in ops]
+    sweep = Sweep(configs=configs)
+    builders = compilers()
+    start = time.perf_counter()
+    for i, opinfo in enumerate(wanted):
+        sweep.results += sweep_op(opinfo, configs, max_samples, builders)
+        if progress and i % 25 == 0:
+            print(f"[{i}/{len(wanted)}] {opinfo.name}", file=sys.stderr, flush=True)
+        torch._dynamo.reset()
+    sweep.seconds = time.perf_counter() - start
+    classified = sweep.classified()
+    return {
+        "ops": len(wanted),
+        "max_samples": max_samples,
+        "seconds": round(sweep.seconds, 1),
+        "table": sweep.table(),
+        "ours": [
+            {
+                "op": r.op,
+                "sample": r.index,
+                "config": r.config,
+                "outcome": r.outcome,
+                "reason": r.reason,
+            }
+            for r, who in classified
+            if who == "ours"
+        ],
+        "torch": len([1 for _, who in classified if who == "torch"]),
+        "silent_mismatches_ours": len(
+            [1 for r, who in classified if who == "ours" and r.outcome == "fail"]
+        ),
+    }
+
+
+def format_sweep(report: dict[str, Any]) -> str:
+    """The sweep as a table, then our failures."""
+    limit = report["max_samples"]
+    samples = "all samples" if limit is None else f"<= {limit} samples per op"
+    lines = [
+        f"OpInfo sweep: {report['ops']} ops, CPU float32, {samples}, {report['seconds']} s",
+        f"{'configuration':<24}{'ops pass':>9}{'fail':>6}{'error':>7}{'samples':>9}"
+        f"{'pass':>7}{'fail':>6}{'error':>7}",
+    ]
+    for config, row in report["table"].items():
+        lines.append(
+            f"{config:<24}{row['ops_passed']:>9}{row['ops_failed']:>6}{row['ops_errored']:>7}"
+            f"{row['samples']:>9}{row['samples_passed']:>7}{row['samples_failed']:>6}"
+            f"{row['samples_errored']:>7}"
+        )
+    lines.append(
+        f"airstream failures also failing under aot_eager (torch's): {report['torch']}; "
+        f"ours: {len(report['ours'])}, of which silent mismatches: "
+        f"{report['silent_mismatches_ours']}"
+    )
+    for row in report["ours"]:
+        lines.append(
+            f"  {row['op']}[{row['sample']}] {row['config']}: {row['outcome']}: {row['reason']}"
+        )
+    return "\n".join(lines)
