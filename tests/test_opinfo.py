@@ -1,0 +1,63 @@
+"""A fast subset of the OpInfo sweep (the full one: ``airstream selftest opinfo``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from airstream.selftest.opinfo import run_sweep
+
+SUBSET = [
+    "add",
+    "mul",
+    "div",
+    "sin",
+    "exp",
+    "log_softmax",
+    "softmax",
+    "mm",
+    "addmm",
+    "bmm",
+    "cat",
+    "stack",
+    "index_select",
+    "index_add",
+    "gather",
+    "scatter",
+    "where",
+    "sum",
+    "mean",
+    "amax",
+    "cumsum",
+    "transpose",
+    "permute",
+    "reshape",
+    "expand",
+    "narrow",
+    "clamp",
+    "nn.functional.gelu",
+    "nn.functional.layer_norm",
+    "nn.functional.linear",
+    "nn.functional.dropout",
+    "bernoulli",
+]
+
+
+@pytest.fixture(scope="module")
+def sweep() -> dict:
+    return run_sweep(ops=SUBSET, max_samples=2, inductor=False)
+
+
+def test_subset_has_no_failure_of_ours(sweep: dict) -> None:
+    assert sweep["ours"] == [], sweep["ours"]
+    assert sweep["silent_mismatches_ours"] == 0
+
+
+def test_multi_stream_equals_single_stream_and_single_matches_aot_eager(sweep: dict) -> None:
+    table = sweep["table"]
+    assert table["airstream"]["samples"] > 40
+    one, three, serial = (
+        table[c]["samples_passed"]
+        for c in ("airstream", "airstream 3 streams", "airstream run_eagerly")
+    )
+    assert one == three == serial, "the syncs are complete: streams change no result"
+    assert one >= table["aot_eager"]["samples_passed"]
