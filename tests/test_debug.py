@@ -247,3 +247,12 @@ def test_demo_writes_dumps_and_timeline(tmp_path: Path, capsys: pytest.CaptureFi
         f.endswith("inference_plan.svg") or f.endswith("inference_plan.dot")
         for f in os.listdir(tmp_path / "dumps")
     )
+
+
+def test_profile_unregisters_on_exit() -> None:
+    from airstream.runtime import trace
+
+    assert not trace.tracing_wanted()
+    with airstream.profile():
+        assert trace.tracing_wanted()
+    assert not trace.tracing_wanted(), "a finished profile must stop tracing calls"

@@ -55,7 +55,8 @@ def remove_listener(listener: Callable[[CallTrace], None]) -> None:
     """Stop receiving CallTraces."""
     global _listeners
     with _listeners_lock:
-        _listeners = tuple(x for x in _listeners if x is not listener)
+        # ==, not `is`: each access to a bound method makes a new object (they compare equal)
+        _listeners = tuple(x for x in _listeners if x != listener)
 
 
 def tracing_wanted() -> bool:
