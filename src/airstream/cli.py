@@ -99,7 +99,7 @@ def _selftest(args: argparse.Namespace) -> int:
         ops=args.ops.split(",") if args.ops else None,
         max_samples=args.max_samples,
         inductor=not args.no_inductor,
-        progress=not args.json,
+        progress=True,
     )
     print(json.dumps(sweep, indent=2) if args.json else format_sweep(sweep))
     return 0
@@ -144,7 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
     selftest.add_argument(
         "--max-samples", type=int, default=None, help="opinfo: samples per op (all)"
     )
-    selftest.add_argument("--no-inductor", action="store_true", help="opinfo: skip Inductor")
+    selftest.add_argument(
+        "--no-inductor",
+        action="store_true",
+        help="opinfo: skip the Inductor anchor (it compiles C++ per sample: hours for all ops)",
+    )
     selftest.add_argument("--json", action="store_true", help="print the report as JSON")
     selftest.set_defaults(func=_selftest)
 
