@@ -5,7 +5,7 @@ config.post_grad_custom_pre_pass = my_pass
 opt = torch.compile(model, backend=airstream.get_backend(compiler_config=config))
 """
 
-from airstream import ops
+from airstream import ops, passes
 from airstream.backend import get_backend, get_compiler, get_npu_backend
 from airstream.config import CompilerConfig
 from airstream.debug.explain import explain
@@ -23,6 +23,7 @@ __all__ = [
     "get_compiler",
     "get_npu_backend",
     "ops",
+    "passes",
     "profile",
     "stream",
 ]

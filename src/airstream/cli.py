@@ -25,6 +25,18 @@ def _bench(args: argparse.Namespace) -> int:
 
         report = run_overhead(ops=args.ops, rounds=args.rounds, calls=args.calls or 100)
         text = format_overhead(report)
+    elif args.name != "moe" or args.passes:
+        from airstream.bench.suite import format_suite, run_suite
+
+        report = run_suite(
+            args.name,
+            tokens=args.tokens,
+            hidden=args.hidden,
+            rounds=args.rounds,
+            calls=args.calls or 5,
+            inductor=not args.no_inductor,
+        )
+        text = format_suite(report)
     else:
         from airstream.bench.moe import format_moe, run_moe
 
@@ -155,9 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="run a benchmark and print its figures")
     bench.add_argument(
         "name",
-        choices=["overhead", "moe"],
+        choices=["overhead", "moe", "moe-shared", "branches", "mlp"],
         help="overhead: per-op cost vs fx.GraphModule and one side stream's cost; "
-        "moe: a dense MoE block, eager vs Inductor vs airstream on 1 and 2 streams",
+        "moe: a dense MoE block, eager vs Inductor vs airstream on 1 and 2 streams "
+        "(--passes: the stream passes instead); moe-shared, branches, mlp: each model with "
+        "the stream passes that apply to it",
     )
     bench.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
     bench.add_argument(
@@ -167,7 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--experts", type=int, default=8, help="moe: experts E (default 8)")
     bench.add_argument("--tokens", type=int, default=8, help="moe: tokens B (default 8)")
     bench.add_argument("--hidden", type=int, default=1024, help="moe: hidden size H (default 1024)")
-    bench.add_argument("--no-inductor", action="store_true", help="moe: skip the Inductor runner")
+    bench.add_argument("--no-inductor", action="store_true", help="skip the Inductor runner")
+    bench.add_argument(
+        "--passes", action="store_true", help="moe: time the stream passes (moe_experts, ...)"
+    )
     bench.add_argument("--json", action="store_true", help="print the report as JSON")
     bench.set_defaults(func=_bench)
     return parser

@@ -59,6 +59,9 @@ class ExplainReport:
                 out.write(f"\n== graph {i} ({graph.kind}) plan ==\n{graph.compiled.plan}\n")
                 out.write(graph.compiled.plan.summary() + "\n")
                 out.write(f"executor: {type(graph.compiled.executor).__name__}\n")
+                decision = graph.compiled.graph_module.meta.get("airstream_auto_streams")
+                if decision is not None:
+                    out.write(f"{decision}\n")
         out.write("\n== warnings ==\n")
         out.write("".join(f"- {w}\n" for w in self.warnings) or "none\n")
         if self.dumps:

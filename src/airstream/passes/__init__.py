@@ -1,9 +1,24 @@
 """Graph passes: the pipeline that runs them and the built-ins."""
 
+from airstream.passes.auto import (
+    AutoStreamsDecision,
+    auto_streams,
+    moe_experts,
+    shared_expert_overlap,
+)
 from airstream.passes.manager import STAGES, PassManager, PassResult, PassSpec, pass_name
 from airstream.passes.meta import check_meta, fill_meta
+from airstream.passes.toolkit import add_control_edge, module_paths, place_on_stream, select_nodes
 
 __all__ = [
+    "AutoStreamsDecision",
+    "add_control_edge",
+    "auto_streams",
+    "module_paths",
+    "moe_experts",
+    "place_on_stream",
+    "select_nodes",
+    "shared_expert_overlap",
     "STAGES",
     "PassManager",
     "PassResult",

@@ -1,0 +1,128 @@
+"""``airstream bench moe-shared|branches|mlp`` (and the pass runners for ``moe``): each model next
+to eager, Inductor and single-stream airstream, with the stream passes that apply to it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from airstream.backend import get_backend
+from airstream.bench.models import Branches, Mlp, MoEShared
+from airstream.bench.moe import MoE, split_experts
+from airstream.bench.timing import interleaved_medians
+from airstream.config import CompilerConfig
+from airstream.passes.auto import auto_streams, moe_experts, shared_expert_overlap
+
+__all__ = ["MODELS", "format_suite", "run_suite"]
+
+
+def _model(name: str, hidden: int) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The model and the passes to run on it (runner name -> pass)."""
+    if name == "moe":
+        return MoE(8, hidden), {
+            "hand-placed 2 streams": split_experts(2),
+            "moe_experts": moe_experts(),
+            "auto_streams flops": auto_streams(cost_model="flops"),
+            "auto_streams profile": auto_streams(cost_model="profile"),
+        }
+    if name == "moe-shared":
+        return MoEShared(8, hidden), {
+            "shared_expert_overlap": shared_expert_overlap(),
+            "moe_experts": moe_experts(),
+            "auto_streams flops": auto_streams(cost_model="flops"),
+        }
+    if name == "branches":
+        return Branches(hidden), {
+            "auto_streams flops": auto_streams(cost_model="flops"),
+            "auto_streams profile": auto_streams(cost_model="profile"),
+        }
+    if name == "mlp":
+        return Mlp(hidden), {
+            "moe_experts": moe_experts(),
+            "shared_expert_overlap": shared_expert_overlap(),
+            "auto_streams flops": auto_streams(cost_model="flops"),
+        }
+    raise ValueError(f"unknown benchmark model {name!r}; choose from {sorted(MODELS)}")
+
+
+MODELS = ("moe", "moe-shared", "branches", "mlp")
+
+
+def _compiled(model: torch.nn.Module, graph_pass: Any) -> Any:
+    config = CompilerConfig()
+    if graph_pass is not None:
+        config.post_grad_custom_pre_pass = graph_pass
+    backend = get_backend(config)
+    return torch.compile(model, backend=backend), backend
+
+
+def run_suite(
+    name: str,
+    tokens: int = 8,
+    hidden: int = 1024,
+    rounds: int = 11,
+    calls: int = 5,
+    inductor: bool = True,
+) -> dict[str, Any]:
+    """Time eager, Inductor, airstream 1 stream and airstream with each pass; medians (ms)."""
+    threads = torch.get_num_threads()
+    torch.manual_seed(0)
+    model, passes = _model(name, hidden)
+    model.eval()
+    x = torch.randn(tokens, hidden)
+    candidates: dict[str, Callable[[], Any]] = {"eager": lambda: model(x)}
+    if inductor:
+        opt = torch.compile(model)
+        candidates["inductor"] = lambda: opt(x)
+    single, _ = _compiled(model, None)
+    candidates["airstream 1 stream"] = lambda: single(x)
+    streams: dict[str, int] = {}
+    backends = {}
+    for runner, graph_pass in passes.items():
+        compiled, backend = _compiled(model, graph_pass)
+        candidates[f"airstream {runner}"] = lambda c=compiled: c(x)
+        backends[runner] = backend
+    with torch.no_grad():
+        want = model(x)
+        for runner, fn in candidates.items():
+            torch.testing.assert_close(fn(), want, rtol=1e-4, atol=1e-4, msg=runner)
+        for runner, backend in backends.items():
+            streams[runner] = len([s for s in backend.graphs[-1].plan.streams if s.runs])
+        try:
+            medians = interleaved_medians(
+                candidates, rounds=rounds, calls_per_round=calls, warmup=2
+            )
+        finally:
+            torch.set_num_threads(threads)
+    base = medians["airstream 1 stream"]
+    return {
+        "benchmark": name,
+        "tokens": tokens,
+        "hidden": hidden,
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "rounds": rounds,
+        "calls_per_round": calls,
+        "ms": {k: v * 1e3 for k, v in medians.items()},
+        "speedup_vs_1_stream": {k: base / v for k, v in medians.items()},
+        "streams_used": streams,
+    }
+
+
+def format_suite(report: dict[str, Any]) -> str:
+    """The report as a table."""
+    lines = [
+        f"{report['benchmark']}: B={report['tokens']}, H={report['hidden']}, float32; "
+        f"{report['cores']} cores, torch {report['torch']}; {report['rounds']} interleaved "
+        f"rounds x {report['calls_per_round']} calls, medians",
+        f"{'runner':<36}{'ms':>9}{'vs 1 stream':>13}{'streams':>9}",
+    ]
+    for runner, ms in report["ms"].items():
+        used = report["streams_used"].get(runner.removeprefix("airstream "), "")
+        lines.append(
+            f"{runner:<36}{ms:>9.2f}{report['speedup_vs_1_stream'][runner]:>12.2f}x{used!s:>9}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,7 @@
+"""Passes that assign streams automatically."""
+
+from airstream.passes.auto.auto_streams import AutoStreamsDecision, auto_streams
+from airstream.passes.auto.moe_experts import moe_experts
+from airstream.passes.auto.shared_expert import shared_expert_overlap
+
+__all__ = ["AutoStreamsDecision", "auto_streams", "moe_experts", "shared_expert_overlap"]
