@@ -39,3 +39,25 @@ def test_moe_report_structure() -> None:
     assert "moe_1" in report["plan"]
     assert report["speedup_2_streams_vs_1_stream"] > 0
     assert "ceiling on this machine" in format_moe(report)
+
+
+@pytest.mark.parametrize("name", ["moe", "moe-shared", "branches", "mlp"])
+def test_suite_report_structure(name: str) -> None:
+    from airstream.bench.suite import format_suite, run_suite
+
+    report = run_suite(name, tokens=2, hidden=16, rounds=1, calls=1, inductor=False)
+    assert {"eager", "airstream 1 stream"} <= set(report["ms"])
+    assert any(r.startswith("airstream auto_streams") for r in report["ms"])
+    assert report["speedup_vs_1_stream"]["airstream 1 stream"] == pytest.approx(1.0)
+    assert name in format_suite(report)
+
+
+def test_pass_timing_structure() -> None:
+    from airstream.bench.suite import pass_timing
+
+    report = pass_timing(chains=4, length=10)
+    assert report["nodes"] > 40 and set(report["seconds"]) == {
+        "auto_streams flops",
+        "moe_experts",
+        "shared_expert_overlap",
+    }
