@@ -124,6 +124,20 @@ def _selftest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    import runpy
+
+    if not args.torchair:
+        print("airstream run: only --torchair scripts are supported so far", file=sys.stderr)
+        return 2
+    from airstream.compat.torchair import install
+
+    install()
+    sys.argv = [args.script, *args.args]
+    runpy.run_path(args.script, run_name="__main__")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``airstream`` command."""
     parser = argparse.ArgumentParser(
@@ -170,6 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     selftest.add_argument("--json", action="store_true", help="print the report as JSON")
     selftest.set_defaults(func=_selftest)
+
+    run = sub.add_parser("run", help="run a script; --torchair: an unmodified TorchAir script")
+    run.add_argument("--torchair", action="store_true", help="resolve torchair/torch_npu here")
+    run.add_argument("script", help="the script to run")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    run.set_defaults(func=_run)
 
     bench = sub.add_parser("bench", help="run a benchmark and print its figures")
     bench.add_argument(

@@ -1,0 +1,1 @@
+"""Compatibility surfaces for code written against other stacks (``airstream.compat.torchair``)."""

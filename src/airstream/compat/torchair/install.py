@@ -1,0 +1,133 @@
+"""Make an unmodified TorchAir script run here: ``import torchair`` / ``import torch_npu`` resolve
+to airstream's compat surface, and ``.npu()`` / ``torch.npu`` / ``device="npu"`` map to CUDA when
+present, else CPU. Nothing is changed when a real ``torch_npu`` is importable."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+__all__ = ["install", "installed_device"]
+
+_state: dict[str, Any] = {}
+
+
+def _real_torch_npu() -> bool:
+    if "torch_npu" in sys.modules:
+        return not getattr(sys.modules["torch_npu"], "_airstream_shim", False)
+    return importlib.util.find_spec("torch_npu") is not None
+
+
+def _map(device: Any, target: str) -> Any:
+    if isinstance(device, str) and device.startswith("npu"):
+        return device.replace("npu", target, 1) if target == "cuda" else "cpu"
+    if isinstance(device, torch.device) and device.type == "npu":
+        return target
+    return device
+
+
+class _NpuDeviceMode(TorchFunctionMode):
+    """Rewrites ``device="npu"`` arguments (factories, ``.to``) to the chosen device."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__()
+        self.target = target
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if "device" in kwargs:
+            kwargs["device"] = _map(kwargs["device"], self.target)
+        args = tuple(_map(a, self.target) for a in args)
+        return func(*args, **kwargs)
+
+
+def _npu_namespace(target: str) -> types.SimpleNamespace:
+    cuda = target == "cuda"
+
+    def _noop(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    class _CpuStream:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def wait_stream(self, other: Any) -> None:
+            pass
+
+        def synchronize(self) -> None:
+            pass
+
+    class _CpuEvent:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def record(self, stream: Any = None) -> None:
+            pass
+
+        def wait(self, stream: Any = None) -> None:
+            pass
+
+        def synchronize(self) -> None:
+            pass
+
+    return types.SimpleNamespace(
+        is_available=lambda: True,
+        device_count=(torch.cuda.device_count if cuda else (lambda: 1)),
+        synchronize=(torch.cuda.synchronize if cuda else _noop),
+        set_device=(torch.cuda.set_device if cuda else _noop),
+        current_device=(torch.cuda.current_device if cuda else (lambda: 0)),
+        current_stream=(torch.cuda.current_stream if cuda else (lambda *a, **k: _CpuStream())),
+        Stream=(torch.cuda.Stream if cuda else _CpuStream),
+        Event=(torch.cuda.Event if cuda else _CpuEvent),
+        manual_seed=(torch.cuda.manual_seed if cuda else torch.manual_seed),
+        manual_seed_all=(torch.cuda.manual_seed_all if cuda else torch.manual_seed),
+        empty_cache=(torch.cuda.empty_cache if cuda else _noop),
+    )
+
+
+def installed_device() -> str | None:
+    """The device ``npu`` maps to, or None when nothing was installed."""
+    return _state.get("device")
+
+
+def install(verbose: bool = True) -> bool:
+    """Install the shims; return False (and change nothing) when a real torch_npu exists."""
+    if "device" in _state:
+        return True
+    if _real_torch_npu():
+        if verbose:
+            print("airstream: a real torch_npu is importable; running the script on the NPU")
+        return False
+    from airstream.compat import torchair as compat
+
+    target = "cuda" if torch.cuda.is_available() else "cpu"
+    shim = types.ModuleType("torch_npu")
+    shim._airstream_shim = True  # type: ignore[attr-defined]
+    shim.npu = _npu_namespace(target)  # type: ignore[attr-defined]
+    sys.modules["torch_npu"] = shim
+    sys.modules["torchair"] = compat
+    sys.modules["torchair.scope"] = compat.scope
+    sys.modules["torchair.ops"] = compat.ops
+    configs = types.ModuleType("torchair.configs")
+    compiler_config = types.ModuleType("torchair.configs.compiler_config")
+    compiler_config.CompilerConfig = compat.CompilerConfig  # type: ignore[attr-defined]
+    configs.compiler_config = compiler_config  # type: ignore[attr-defined]
+    sys.modules["torchair.configs"] = configs
+    sys.modules["torchair.configs.compiler_config"] = compiler_config
+    torch.npu = shim.npu  # type: ignore[attr-defined]
+    torch.Tensor.npu = lambda self, *a, **k: self.to(target)  # type: ignore[attr-defined]
+    torch.nn.Module.npu = lambda self, *a, **k: self.to(target)  # type: ignore[attr-defined]
+    mode = _NpuDeviceMode(target)
+    mode.__enter__()  # for the rest of the process, on this thread
+    _state.update(device=target, mode=mode)
+    if verbose:
+        print(
+            f"airstream: no torch_npu here; running TorchAir code on {target} "
+            "(.npu(), torch.npu and device='npu' map to it)"
+        )
+    return True

@@ -1,0 +1,242 @@
+"""The TorchAir-compatible surface and ``airstream run --torchair``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from tests.conftest import assert_same, compile_model, graph_of
+
+import airstream.compat.torchair as torchair
+from airstream.compat.torchair import config as compat_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_PROFILE_RUN = """
+import json, runpy, sys
+from airstream.compat.torchair import install
+install(verbose=False)
+import airstream
+with airstream.profile() as prof:
+    runpy.run_path(sys.argv[1], run_name="__main__")
+print("JSON" + json.dumps([[e.name, e.stream] for e in prof.events]))
+"""
+
+
+def _run_example(name: str) -> tuple[str, list[list[str | None]]]:
+    result = subprocess.run(
+        [sys.executable, "-c", _PROFILE_RUN, str(ROOT / "examples" / name)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    line = next(x for x in result.stdout.splitlines() if x.startswith("JSON"))
+    return result.stdout, json.loads(line[4:])
+
+
+def test_guide_example_runs_with_streams_from_the_profile() -> None:
+    out, events = _run_example("torchair_guide.py")
+    assert "result equals eager: True" in out
+    streams = {name: stream for name, stream in events}
+    assert streams["mm"] == "stream_1" and streams["abs_1"] == "stream_1"
+    assert streams["add"] is None and streams["sub"] is None
+
+
+def test_moe_shared_example_overlaps_the_shared_expert() -> None:
+    out, events = _run_example("torchair_moe_shared.py")
+    assert "result equals eager: True" in out
+    shared = [name for name, stream in events if stream == "shared_expert"]
+    assert any(name.startswith("addmm") for name in shared) and len(shared) >= 4
+
+
+def test_runner_cli_prints_the_device_and_the_result(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "airstream.cli",
+            "run",
+            "--torchair",
+            str(ROOT / "examples" / "torchair_guide.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "running TorchAir code on" in result.stdout
+    assert "result equals eager: True" in result.stdout
+
+
+def test_real_torch_npu_leaves_imports_alone(tmp_path: Path) -> None:
+    fake = tmp_path / "torch_npu"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("MARK = 'the real one'\n")
+    script = tmp_path / "script.py"
+    script.write_text("import torch_npu\nprint('torch_npu is', torch_npu.MARK)\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-m", "airstream.cli", "run", "--torchair", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "a real torch_npu is importable" in result.stdout
+    assert "torch_npu is the real one" in result.stdout
+
+
+class _SwitchAndWait(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = x.sum(-1, keepdim=True)
+        with torchair.scope.npu_stream_switch("side", 1):
+            side = torchair.scope.npu_wait_tensor(x, gate).exp()
+        return gate + side
+
+
+def test_stream_switch_and_wait_tensor_order_in_the_plan() -> None:
+    compiled, backend = compile_model(_SwitchAndWait(), fullgraph=True)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        assert_same(compiled(x), _SwitchAndWait()(x))
+    graph = graph_of(backend, "inference")
+    assert graph.streams.priorities == {"side": 1}
+    reasons = {(s.producer, s.reason) for s in graph.plan.syncs}
+    assert ("sum_1", "control") in reasons, reasons
+    side = graph.plan.stream("side").steps
+    assert str(side[0]).startswith("wait"), "the side stream waits for the gate first"
+
+
+def test_ops_wait_rejects_bad_lists() -> None:
+    with pytest.raises(ValueError, match="non-empty list"):
+        torchair.ops.wait([])
+    with pytest.raises(ValueError, match="element 0 is int"):
+        torchair.ops.wait([3])
+    token = torchair.ops.record()
+    torchair.ops.wait([token])
+    t = torch.ones(2)
+    assert torchair.ops.npu_wait_tensor(t, token) is t
+
+
+def test_scope_helpers_are_attributes_without_effect() -> None:
+    def model(x: torch.Tensor) -> torch.Tensor:
+        with torchair.scope.super_kernel("sk"), torchair.scope.limit_core_num(4, 8):
+            y = x.sin()
+        with torchair.scope.op_never_timeout():
+            return y.cos()
+
+    compiled, backend = compile_model(model, fullgraph=True)
+    x = torch.randn(3)
+    assert_same(compiled(x), x.sin().cos())
+    graph = graph_of(backend, "inference")
+    assert graph.streams.side_streams == ()
+    sin = next(n for n in graph.graph_module.graph.nodes if n.name == "sin")
+    assert sin.meta["air_scope"]["_super_kernel_scope"] == "sk"
+
+
+# ---- CompilerConfig: every option accepted, warned or rejected ------------------------------
+
+EFFECTIVE = {
+    "mode": ("reduce-overhead", "mode"),
+    "debug.run_eagerly": (True, "debug.run_eagerly"),
+    "debug.graph_dump.type": ("py", "debug.graph_dump.type"),
+    "debug.graph_dump.path": ("dumps", "debug.graph_dump.path"),
+    "experimental_config.keep_inference_input_mutations": (
+        False,
+        "experimental_config.keep_inference_input_mutations",
+    ),
+    "experimental_config.remove_noop_ops": (False, "experimental_config.remove_noop_ops"),
+    "experimental_config.enable_view_optimize": (False, "experimental_config.enable_view_optimize"),
+    "ge_config.enable_single_stream": (True, "ge_config.enable_single_stream"),
+}
+NO_EFFECT = {
+    "debug.fx_summary": {"type": "csv"},
+    "debug.data_dump": {"type": "npy"},
+    "experimental_config.cc_parallel_enable": True,
+    "experimental_config.memory_efficiency": True,
+    "experimental_config.frozen_parameter": True,
+    "experimental_config.static_model_ops_lower_limit": 4,
+    "experimental_config.jit_compile": "auto",
+    "experimental_config.npu_fx_pass": True,
+    "experimental_config.tiling_schedule_optimize": True,
+    "experimental_config.topology_sorting_strategy": "BFS",
+    "ge_config.export_compile_stat": "2",
+    "ge_config.optimization_switch": "x",
+    "export.experimental": True,
+    "aoe_config.aoe_mode": "2",
+    "fusion_config.fusion_switch_file": "f.json",
+    "dump_config.enable_dump": True,
+    "inference_config.dynamic_gears_merge_policy": "zip",
+}
+REJECTED = {
+    "mode": "fast",
+    "debug.run_eagerly": "yes",
+    "debug.graph_dump.type": "svg",
+    "experimental_config.jit_compile": "always",
+    "experimental_config.topology_sorting_strategy": "random",
+    "ge_config.export_compile_stat": "9",
+}
+
+
+def _set(config: torchair.CompilerConfig, path: str, value: object) -> None:
+    *groups, leaf = path.split(".")
+    node = config
+    for g in groups:
+        node = getattr(node, g)
+    setattr(node, leaf, value)
+
+
+@pytest.mark.parametrize("path", sorted(EFFECTIVE))
+def test_effective_options_reach_airstream(path: str) -> None:
+    value, target = EFFECTIVE[path]
+    config = torchair.CompilerConfig()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning for options that work
+        _set(config, path, value)
+    assert config.airstream.get_option(target) == value
+
+
+@pytest.mark.parametrize("path", sorted(NO_EFFECT))
+def test_npu_only_options_warn_once(path: str) -> None:
+    compat_config._warned.discard(path)
+    config = torchair.CompilerConfig()
+    with pytest.warns(UserWarning, match=f"option '{path}' has no effect off the NPU"):
+        _set(config, path, NO_EFFECT[path])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _set(torchair.CompilerConfig(), path, NO_EFFECT[path])  # once per option
+
+
+@pytest.mark.parametrize("path", sorted(REJECTED))
+def test_invalid_values_are_rejected_like_torchair(path: str) -> None:
+    with pytest.raises(ValueError, match="optional values"):
+        _set(torchair.CompilerConfig(), path, REJECTED[path])
+
+
+def test_pbtxt_dumps_as_txt_and_backend_factories() -> None:
+    config = torchair.CompilerConfig()
+    config.debug.graph_dump.type = "pbtxt"
+    assert config.airstream.debug.graph_dump.type == "txt"
+    with pytest.raises(ValueError, match="unknown TorchAir option 'debug.nope'"):
+        config.debug.nope = 1
+    backend = torchair.get_npu_backend(
+        compiler_config=torchair.CompilerConfig(), custom_decompositions={}
+    )
+    assert backend.config == torchair.CompilerConfig().airstream
+    assert callable(torchair.get_compiler())
+    with pytest.raises(TypeError, match="torchair CompilerConfig"):
+        torchair.get_npu_backend(compiler_config=object())  # type: ignore[arg-type]
