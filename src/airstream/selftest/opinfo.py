@@ -11,8 +11,11 @@ reseeded before each run):
 - ``airstream run_eagerly``: the serial reference executor,
 - ``aot_eager`` and ``inductor``: PyTorch's own backends on the same graphs, the anchors.
 
-A sample ``passes``, ``fails`` (a wrong result without an error) or ``errors``. An airstream
-failure is classified: ``torch`` when aot_eager fails the same sample too, else ``ours``.
+A sample ``passes``, ``fails`` (a wrong result without an error) or ``errors``; samples eager
+itself cannot run or trace, and value mismatches of ``empty*`` ops (uninitialized memory), are
+skipped. An airstream failure is classified: ``torch`` when aot_eager fails the same sample too,
+else ``ours``. Ops are named with their variant (``nn.functional.dropout.train``) so that two
+variants of one op are never confused.
 """
 
 from __future__ import annotations
@@ -138,10 +141,11 @@ def sweep_op(
     """Run one OpInfo's CPU float32 samples through ``configs``."""
     builders = builders or compilers()
     results = []
+    name = f"{opinfo.name}.{opinfo.variant_test_name}" if opinfo.variant_test_name else opinfo.name
     try:
         samples = list(opinfo.sample_inputs("cpu", torch.float32, requires_grad=False))
     except Exception as exc:
-        return [SampleResult(opinfo.name, -1, c, "error", f"sample_inputs: {exc}") for c in configs]
+        return [SampleResult(name, -1, c, "error", f"sample_inputs: {exc}") for c in configs]
     for index, sample in enumerate(samples[:max_samples]):
         tensors, rebuild = _leaves(sample)
 
