@@ -1,5 +1,7 @@
 """``airstream bench moe-shared|branches|mlp`` (and the pass runners for ``moe``): each model next
-to eager, Inductor and single-stream airstream, with the stream passes that apply to it."""
+to eager, Inductor and single-stream airstream (torch's default intra-op threads, and 1 thread),
+with the stream passes that apply to it. Multi-stream runners use 1 intra-op thread per stream,
+the caller included (the runtime sets it)."""
 
 from __future__ import annotations
 
@@ -79,6 +81,15 @@ def run_suite(
         candidates["inductor"] = lambda: opt(x)
     single, _ = _compiled(model, None)
     candidates["airstream 1 stream"] = lambda: single(x)
+
+    def single_one_thread() -> Any:
+        torch.set_num_threads(1)
+        try:
+            return single(x)
+        finally:
+            torch.set_num_threads(threads)
+
+    candidates["airstream 1 stream, 1 thread"] = single_one_thread
     streams: dict[str, int] = {}
     backends = {}
     for runner, graph_pass in passes.items():
@@ -98,6 +109,7 @@ def run_suite(
         finally:
             torch.set_num_threads(threads)
     base = medians["airstream 1 stream"]
+    base_one = medians["airstream 1 stream, 1 thread"]
     return {
         "benchmark": name,
         "tokens": tokens,
@@ -108,6 +120,7 @@ def run_suite(
         "calls_per_round": calls,
         "ms": {k: v * 1e3 for k, v in medians.items()},
         "speedup_vs_1_stream": {k: base / v for k, v in medians.items()},
+        "speedup_vs_1_stream_1_thread": {k: base_one / v for k, v in medians.items()},
         "streams_used": streams,
     }
 
@@ -118,12 +131,13 @@ def format_suite(report: dict[str, Any]) -> str:
         f"{report['benchmark']}: B={report['tokens']}, H={report['hidden']}, float32; "
         f"{report['cores']} cores, torch {report['torch']}; {report['rounds']} interleaved "
         f"rounds x {report['calls_per_round']} calls, medians",
-        f"{'runner':<36}{'ms':>9}{'vs 1 stream':>13}{'streams':>9}",
+        f"{'runner':<36}{'ms':>9}{'vs 1 stream':>13}{'vs 1 stream 1 thread':>22}{'streams':>9}",
     ]
     for runner, ms in report["ms"].items():
         used = report["streams_used"].get(runner.removeprefix("airstream "), "")
         lines.append(
-            f"{runner:<36}{ms:>9.2f}{report['speedup_vs_1_stream'][runner]:>12.2f}x{used!s:>9}"
+            f"{runner:<36}{ms:>9.2f}{report['speedup_vs_1_stream'][runner]:>12.2f}x"
+            f"{report['speedup_vs_1_stream_1_thread'][runner]:>21.2f}x{used!s:>9}"
         )
     return "\n".join(lines)
 

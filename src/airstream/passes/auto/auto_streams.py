@@ -1,9 +1,12 @@
 """``passes.auto_streams()``: streams without labels, by list scheduling on a cost model.
 
-Each op gets a cost (``cost.py``). In graph order, each op goes to the stream where it would
-finish first, given when each stream is free and when its inputs are ready (an input from another
-stream adds the cost of a sync). The predicted makespan, plus the fixed cost of every side stream
-used, is compared with running everything on one stream; below ``min_gain`` the graph is left
+Each op gets a cost (``cost.py``). Each op in turn goes to the stream where it would finish
+first, given when each stream is free and when its inputs are ready (an input from another stream
+adds the cost of a sync). Ops are taken in graph order; when nothing in the graph depends on order
+(no mutation, no RNG op) they are taken by upward rank instead (HEFT: longest remaining path
+first) and the graph is reordered by predicted start time, since each stream runs its ops in graph
+order. The predicted makespan, plus the fixed cost of every side stream used, is compared with
+running everything on one stream; below ``min_gain`` the graph is left
 single-stream, so the pass never makes a model slower by its own estimate. Graphs that already
 hold air ops are left alone (someone placed streams by hand). The decision is logged, kept on the
 graph (``gm.meta["airstream_auto_streams"]``) and shown by ``airstream.explain``.
@@ -31,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.fx
 
 from airstream.ops.library import is_air_op
@@ -70,30 +74,78 @@ class AutoStreamsDecision:
         )
 
 
-def schedule(
-    nodes: Sequence[torch.fx.Node], cost: dict[torch.fx.Node, float], max_streams: int
-) -> tuple[dict[torch.fx.Node, int], float]:
-    """Greedy list scheduling in graph order: each node to the stream finishing it first.
+def _upward_rank(nodes: Sequence[torch.fx.Node], cost: dict[torch.fx.Node, float]) -> dict:
+    """Longest cost path from each node to the end of the graph (HEFT's priority)."""
+    rank: dict[torch.fx.Node, float] = {}
+    members = set(nodes)
+    for node in reversed(nodes):
+        after = [rank[u] for u in node.users if u in members]
+        rank[node] = cost[node] + (max(after) if after else 0.0)
+    return rank
 
-    Returns node -> stream index (0 = main) and the predicted makespan."""
+
+def schedule(
+    nodes: Sequence[torch.fx.Node],
+    cost: dict[torch.fx.Node, float],
+    max_streams: int,
+    by_rank: bool = False,
+) -> tuple[dict[torch.fx.Node, int], dict[torch.fx.Node, float], float]:
+    """List scheduling: each node, when ready, to the stream finishing it first.
+
+    ``by_rank``: nodes are taken in order of upward rank (HEFT), else in graph order. Returns
+    node -> stream (0 = main), node -> predicted start, and the predicted makespan."""
+    members = set(nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    if by_rank:
+        rank = _upward_rank(nodes, cost)
+        waiting = {n: sum(1 for a in n.all_input_nodes if a in members) for n in nodes}
+        ready = [n for n in nodes if waiting[n] == 0]
+        order: list[torch.fx.Node] = []
+        while ready:
+            ready.sort(key=lambda n: (-rank[n], index[n]))
+            node = ready.pop(0)
+            order.append(node)
+            for user in node.users:
+                if user in members:
+                    waiting[user] -= 1
+                    if waiting[user] == 0:
+                        ready.append(user)
+    else:
+        order = list(nodes)
     free = [0.0] * max_streams
     finish: dict[torch.fx.Node, float] = {}
+    start: dict[torch.fx.Node, float] = {}
     where: dict[torch.fx.Node, int] = {}
-    for node in nodes:
-        best: tuple[float, int] | None = None
+    for node in order:
+        best: tuple[float, float, int] | None = None
         for s in range(max_streams):
-            ready = free[s]
+            ready_at = free[s]
             for arg in node.all_input_nodes:
                 if arg in finish:
                     sync = SYNC_SECONDS if where[arg] != s else 0.0
-                    ready = max(ready, finish[arg] + sync)
-            end = ready + cost[node]
+                    ready_at = max(ready_at, finish[arg] + sync)
+            end = ready_at + cost[node]
             if best is None or end < best[0] - 1e-12:
-                best = (end, s)
+                best = (end, ready_at, s)
         assert best is not None
-        finish[node], where[node] = best
-        free[best[1]] = best[0]
-    return where, max(finish.values(), default=0.0)
+        finish[node], start[node], where[node] = best
+        free[best[2]] = best[0]
+    return where, start, max(finish.values(), default=0.0)
+
+
+def _reorder(gm: torch.fx.GraphModule, start: dict[torch.fx.Node, float]) -> None:
+    """Put the calls in order of predicted start (ties: original order); each stream runs its
+    nodes in graph order, so this is what lets the schedule happen."""
+    nodes = [n for n in gm.graph.nodes if n.op in ("call_function", "get_attr")]
+    if not nodes:
+        return
+    index = {n: i for i, n in enumerate(nodes)}
+    ordered = sorted(nodes, key=lambda n: (start.get(n, 0.0), index[n]))
+    anchor = nodes[0].prev
+    for node in ordered:
+        anchor.append(node)
+        anchor = node
+    gm.graph.lint()
 
 
 def _pinned(node: torch.fx.Node) -> bool:
@@ -102,6 +154,16 @@ def _pinned(node: torch.fx.Node) -> bool:
         return True
     schema = getattr(node.target, "_schema", None)
     return schema is not None and schema.is_mutable
+
+
+def _order_matters(node: torch.fx.Node) -> bool:
+    target = node.target
+    schema = getattr(target, "_schema", None)
+    if schema is not None and schema.is_mutable:
+        return True
+    return isinstance(target, torch._ops.OpOverload) and (
+        torch.Tag.nondeterministic_seeded in target.tags
+    )
 
 
 def auto_streams(max_streams: int = 2, cost_model: str = "flops", min_gain: float = 1.1) -> Any:
@@ -121,7 +183,9 @@ def auto_streams(max_streams: int = 2, cost_model: str = "flops", min_gain: floa
             return
         cost = {n: (0.0 if _pinned(n) else model(n)) for n in calls}
         single = sum(cost.values())
-        where, makespan = schedule(calls, cost, max_streams)
+        # Reordering is safe unless order itself carries meaning: mutation and RNG order.
+        movable = not any(_order_matters(n) for n in calls)
+        where, start, makespan = schedule(calls, cost, max_streams, by_rank=movable)
         for node in calls:  # pinned nodes follow their producer (or main)
             if _pinned(node):
                 producer = node.args[0] if node.target is operator.getitem else None
@@ -136,6 +200,8 @@ def auto_streams(max_streams: int = 2, cost_model: str = "flops", min_gain: floa
         log.info("%s", decision)
         if not applied:
             return
+        if movable:
+            _reorder(gm, start)
         for s in used:
             if s != 0:
                 place_on_stream(gm, [n for n in calls if where[n] == s], f"auto_{s}")

@@ -39,11 +39,21 @@ def _val(arg: Any) -> Any:
     return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
 
 
+def _is_view(target: Any) -> bool:
+    """Ops whose result aliases an input (t, view, expand, ...): metadata only, no traffic."""
+    schema = getattr(target, "_schema", None)
+    return schema is not None and any(
+        r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
+    )
+
+
 def flops_cost(node: torch.fx.Node) -> float:
-    """Estimated seconds for ``node``: flops + bytes moved + dispatch."""
+    """Estimated seconds for ``node``: flops + bytes moved + dispatch (views: dispatch only)."""
     if node.op != "call_function":
         return 0.0
     target = node.target
+    if _is_view(target):
+        return DISPATCH_SECONDS
     packet = getattr(target, "overloadpacket", None)
     flops = 0
     formula = flop_registry.get(packet) if packet is not None else None
