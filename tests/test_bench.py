@@ -61,3 +61,11 @@ def test_pass_timing_structure() -> None:
         "moe_experts",
         "shared_expert_overlap",
     }
+
+
+def test_batched_experts_report_structure() -> None:
+    from airstream.bench.batched import run_batched
+
+    report = run_batched(experts=2, tokens=2, hidden=16, rounds=1, calls=1)
+    assert len(report["ms"]) == 3 and all(v > 0 for v in report["ms"].values())
+    assert "split per expert, 2 streams" in report["ms"]

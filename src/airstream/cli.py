@@ -25,6 +25,21 @@ def _bench(args: argparse.Namespace) -> int:
 
         report = run_overhead(ops=args.ops, rounds=args.rounds, calls=args.calls or 100)
         text = format_overhead(report)
+    elif args.name == "batched-experts":
+        from airstream.bench.batched import run_batched
+
+        report = run_batched(
+            tokens=args.tokens, hidden=args.hidden, rounds=args.rounds, calls=args.calls or 5
+        )
+        fastest = min(report["ms"].values())
+        text = (
+            f"batched experts: E={report['experts']}, B={report['tokens']}, "
+            f"H={report['hidden']}, {report['cores']} cores\n"
+            + "\n".join(
+                f"  {name:<36}{ms:>8.2f} ms {ms / fastest:>6.2f}x"
+                for name, ms in report["ms"].items()
+            )
+        )
     elif args.name == "passes":
         from airstream.bench.suite import pass_timing
 
@@ -194,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="run a benchmark and print its figures")
     bench.add_argument(
         "name",
-        choices=["overhead", "moe", "moe-shared", "branches", "mlp", "passes"],
+        choices=["overhead", "moe", "moe-shared", "branches", "mlp", "passes", "batched-experts"],
         help="overhead: per-op cost vs fx.GraphModule and one side stream's cost; "
         "moe: a dense MoE block, eager vs Inductor vs airstream on 1 and 2 streams "
         "(--passes: the stream passes instead); moe-shared, branches, mlp: each model with "
