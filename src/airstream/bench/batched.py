@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from airstream.backend import get_backend
-from airstream.bench.timing import interleaved_medians
+from airstream.bench.timing import checked_medians, with_threads
 from airstream.ops.stream import stream
 
 __all__ = ["BatchedExperts", "SplitExperts", "run_batched"]
@@ -68,28 +68,14 @@ def run_batched(
     one = torch.compile(batched, backend=get_backend())
     two = torch.compile(split, backend=get_backend())
 
-    def at(n: int, fn: Any) -> Any:
-        def run() -> Any:
-            torch.set_num_threads(n)
-            return fn()
-
-        return run
-
     candidates = {
-        f"batched, 1 stream ({threads} threads)": at(threads, lambda: one(x)),
-        "batched, 1 stream (1 thread)": at(1, lambda: one(x)),
-        "split per expert, 2 streams": at(threads, lambda: two(x)),
+        f"batched, 1 stream ({threads} threads)": with_threads(threads, lambda: one(x)),
+        "batched, 1 stream (1 thread)": with_threads(1, lambda: one(x)),
+        "split per expert, 2 streams": with_threads(threads, lambda: two(x)),
     }
-    try:
-        with torch.no_grad():
-            want = batched(x)
-            for name, fn in candidates.items():
-                torch.testing.assert_close(fn(), want, rtol=1e-4, atol=1e-4, msg=name)
-            medians = interleaved_medians(
-                candidates, rounds=rounds, calls_per_round=calls, warmup=2
-            )
-    finally:
-        torch.set_num_threads(threads)
+    with torch.no_grad():
+        want = batched(x)
+    medians = checked_medians(candidates, want, rounds=rounds, calls_per_round=calls)
     return {
         "benchmark": "batched-experts",
         "experts": experts,

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from airstream.backend import get_backend
-from airstream.bench.timing import interleaved_medians
+from airstream.bench.timing import checked_medians, with_threads
 from airstream.config import CompilerConfig
 from airstream.ops.library import STREAM_LABEL_KEY, scope_enter, scope_exit
 
@@ -99,15 +99,6 @@ def split_experts(num_streams: int = 2, pattern: str = r"experts\.(\d+)") -> Cal
     return split_experts_pass
 
 
-def _with_threads(threads: int, fn: Callable[[], Any]) -> Callable[[], Any]:
-    def run() -> Any:
-        if torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
-        return fn()
-
-    return run
-
-
 def _hand_threads(model: MoE, x: torch.Tensor) -> Callable[[], torch.Tensor]:
     """Odd experts on a fresh Python thread, even ones on the caller's, then the sum."""
     experts = list(model.experts)
@@ -152,27 +143,20 @@ def run_moe(
     backend = get_backend(config)
     multi = torch.compile(model, backend=backend)
     candidates: dict[str, Callable[[], Any]] = {
-        f"eager ({default_threads} threads)": _with_threads(default_threads, lambda: model(x)),
-        "eager (1 thread)": _with_threads(1, lambda: model(x)),
+        f"eager ({default_threads} threads)": with_threads(default_threads, lambda: model(x)),
+        "eager (1 thread)": with_threads(1, lambda: model(x)),
     }
     if inductor:
         compiled = torch.compile(model)
-        candidates["inductor"] = _with_threads(default_threads, lambda: compiled(x))
-    candidates["airstream 1 stream"] = _with_threads(1, lambda: single(x))
+        candidates["inductor"] = with_threads(default_threads, lambda: compiled(x))
+    candidates["airstream 1 stream"] = with_threads(1, lambda: single(x))
     # The runtime sets the caller's intra-op threads itself; run it from the default setting.
-    candidates["airstream 2 streams"] = _with_threads(default_threads, lambda: multi(x))
+    candidates["airstream 2 streams"] = with_threads(default_threads, lambda: multi(x))
     if experts % 2 == 0:
-        candidates["hand-written threads"] = _with_threads(1, _hand_threads(model, x))
-    try:
-        with torch.no_grad():
-            want = model(x)
-            for name, fn in candidates.items():
-                torch.testing.assert_close(fn(), want, rtol=1e-4, atol=1e-4, msg=name)
-            medians = interleaved_medians(
-                candidates, rounds=rounds, calls_per_round=calls, warmup=2
-            )
-    finally:
-        torch.set_num_threads(default_threads)
+        candidates["hand-written threads"] = with_threads(1, _hand_threads(model, x))
+    with torch.no_grad():
+        want = model(x)
+    medians = checked_medians(candidates, want, rounds=rounds, calls_per_round=calls)
     plan = backend.graphs[-1].plan
     baseline = min(
         t

@@ -5,8 +5,11 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
-__all__ = ["interleaved_medians"]
+import torch
+
+__all__ = ["checked_medians", "interleaved_medians", "with_threads"]
 
 
 def interleaved_medians(
@@ -32,3 +35,38 @@ def interleaved_medians(
                 fn()
             samples[name].append((time.perf_counter() - start) / calls_per_round)
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def with_threads(threads: int, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` run with ``threads`` intra-op threads on the calling thread."""
+
+    def run() -> Any:
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        return fn()
+
+    return run
+
+
+def checked_medians(
+    candidates: Mapping[str, Callable[[], Any]],
+    want: Any,
+    *,
+    rounds: int,
+    calls_per_round: int,
+    rtol: float = 1e-4,
+    atol: float = 1e-4,
+) -> dict[str, float]:
+    """Check every candidate's result against ``want``, then time them interleaved (no grad).
+
+    torch's intra-op thread setting is restored afterwards, whatever the candidates set."""
+    threads = torch.get_num_threads()
+    try:
+        with torch.no_grad():
+            for name, fn in candidates.items():
+                torch.testing.assert_close(fn(), want, rtol=rtol, atol=atol, msg=name)
+            return interleaved_medians(
+                candidates, rounds=rounds, calls_per_round=calls_per_round, warmup=2
+            )
+    finally:
+        torch.set_num_threads(threads)
