@@ -14,7 +14,7 @@ import torch
 from airstream.backend import get_backend
 from airstream.bench.models import Branches, Mlp, MoEShared
 from airstream.bench.moe import MoE, split_experts
-from airstream.bench.timing import interleaved_medians
+from airstream.bench.timing import checked_medians
 from airstream.config import CompilerConfig
 from airstream.passes.auto import auto_streams, moe_experts, shared_expert_overlap
 
@@ -98,16 +98,9 @@ def run_suite(
         backends[runner] = backend
     with torch.no_grad():
         want = model(x)
-        for runner, fn in candidates.items():
-            torch.testing.assert_close(fn(), want, rtol=1e-4, atol=1e-4, msg=runner)
-        for runner, backend in backends.items():
-            streams[runner] = len([s for s in backend.graphs[-1].plan.streams if s.runs])
-        try:
-            medians = interleaved_medians(
-                candidates, rounds=rounds, calls_per_round=calls, warmup=2
-            )
-        finally:
-            torch.set_num_threads(threads)
+    medians = checked_medians(candidates, want, rounds=rounds, calls_per_round=calls)
+    for runner, backend in backends.items():
+        streams[runner] = len([s for s in backend.graphs[-1].plan.streams if s.runs])
     base = medians["airstream 1 stream"]
     base_one = medians["airstream 1 stream, 1 thread"]
     return {
