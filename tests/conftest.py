@@ -70,3 +70,16 @@ def assert_same(got: Any, want: Any, **tol: Any) -> None:
             assert_same(g, w, **tol)
     else:
         torch.testing.assert_close(got, want, **tol)
+
+
+def cause_of(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first exception of type ``kind`` in ``exc``'s cause chain (Dynamo wraps backend
+    errors in BackendCompilerFailed, whose ``inner_exception`` is the original)."""
+    current: BaseException | None = exc
+    seen: list[BaseException] = []
+    while current is not None and current not in seen:
+        if isinstance(current, kind):
+            return current
+        seen.append(current)
+        current = current.__cause__ or getattr(current, "inner_exception", None)
+    return None

@@ -69,3 +69,24 @@ def test_batched_experts_report_structure() -> None:
     report = run_batched(experts=2, tokens=2, hidden=16, rounds=1, calls=1)
     assert len(report["ms"]) == 3 and all(v > 0 for v in report["ms"].values())
     assert "split per expert, 2 streams" in report["ms"]
+
+
+def test_modes_report_structure() -> None:
+    from airstream.bench.modes import format_modes, run_modes
+
+    report = run_modes(
+        "branches-pointwise", tokens=2, hidden=16, rounds=1, calls=1, compile_times=False
+    )
+    assert set(report["ms"]) == {
+        "eager",
+        "inductor",
+        "airstream reduce-overhead 1 stream",
+        "airstream reduce-overhead 2 streams",
+        "airstream max-autotune 1 stream",
+        "airstream max-autotune 2 streams",
+    }
+    assert report["segments"]["airstream reduce-overhead 2 streams"] == 0
+    # one segment per branch (and the join) on 2 streams: every branch's chain is fused
+    assert report["segments"]["airstream max-autotune 2 streams"] >= 4
+    assert report["streams_used"]["airstream max-autotune 2 streams"] == 2
+    assert "max-autotune" in format_modes(report)

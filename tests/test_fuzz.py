@@ -49,3 +49,15 @@ def test_a_hang_fails_instead_of_blocking() -> None:
     with pytest.raises(fuzz.FuzzHang, match="did not finish within 0.2 s"):
         fuzz._call_with_timeout(never.wait, 0.2, "a blocked call")
     never.set()
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(st.randoms(use_true_random=False))
+def test_random_stream_programs_under_max_autotune_match_the_aten_path(rng: random.Random) -> None:
+    program = fuzz.draw_program(rng, max_steps=16)
+    fuzz.check_program_max_autotune(program, runs=2, timeout=60.0)
+
+
+def test_max_autotune_fuzzing_compiles_segments() -> None:
+    report = fuzz.run_fuzz(4, seed=3, runs=1, mode="max-autotune")
+    assert report["valid"] == 4 and report["segments"] > 0

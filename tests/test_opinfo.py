@@ -42,9 +42,18 @@ SUBSET = [
 ]
 
 
+CONFIGS = (
+    "airstream",
+    "airstream 3 streams",
+    "airstream run_eagerly",
+    "airstream max-autotune",
+    "airstream max-autotune 3 streams",
+)
+
+
 @pytest.fixture(scope="module")
 def sweep() -> dict:
-    return run_sweep(ops=SUBSET, max_samples=2, inductor=False)
+    return run_sweep(ops=SUBSET, max_samples=2, configs=CONFIGS)
 
 
 def test_subset_has_no_failure_of_ours(sweep: dict) -> None:
@@ -61,3 +70,12 @@ def test_multi_stream_equals_single_stream_and_single_matches_aot_eager(sweep: d
     )
     assert one == three == serial, "the syncs are complete: streams change no result"
     assert one >= table["aot_eager"]["samples_passed"]
+
+
+def test_max_autotune_matches_reduce_overhead_on_the_subset(sweep: dict) -> None:
+    table = sweep["table"]
+    for config in ("airstream max-autotune", "airstream max-autotune 3 streams"):
+        assert table[config]["samples"] == table["airstream"]["samples"]
+        assert table[config]["samples_passed"] == table["airstream"]["samples_passed"], config
+        # every sample of the subset really went through Inductor
+        assert table[config]["samples_fallback"] == 0, sweep["fallback_ops"]

@@ -11,7 +11,6 @@ training-backward graphs each go through the pipeline separately.
 from __future__ import annotations
 
 import threading
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +30,7 @@ from airstream.ops.library import is_air_op
 from airstream.passes.manager import PassManager, PassObserver, PassResult, PassSpec
 from airstream.runtime.cpu import CpuExecutor
 from airstream.runtime.cuda import CudaExecutor, CudaGraphExecutor
+from airstream.runtime.inductor import CompiledSegment, fuse_streams
 from airstream.runtime.serial import SerialExecutor
 from airstream.schedule.plan import StreamPlan, build_plan
 from airstream.schedule.streams import StreamAssignment, assign_streams
@@ -54,7 +54,7 @@ Executor = SerialExecutor | CpuExecutor | CudaExecutor | CudaGraphExecutor
 @dataclass(frozen=True)
 class CompiledGraph:
     """One compiled graph: its kind, the optimized graph, its streams and plan, the passes run,
-    and the executor that runs it."""
+    the executor that runs it, and (max-autotune) what became of each segment."""
 
     kind: str
     graph_module: torch.fx.GraphModule
@@ -62,6 +62,7 @@ class CompiledGraph:
     plan: StreamPlan
     passes: tuple[PassResult, ...]
     executor: Executor
+    segments: tuple[CompiledSegment, ...] = ()
 
 
 def _keep_air_ops_in_forward(joint: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
@@ -78,15 +79,6 @@ def _keep_air_ops_in_forward(joint: torch.fx.GraphModule, joint_inputs: Any, **k
     # on the forward and backward graphs afterwards instead.
     with functorch_config.patch(cse=False):
         return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
-
-
-def _warn_unimplemented(config: CompilerConfig) -> None:
-    if config.mode == "max-autotune":
-        warnings.warn(
-            "airstream: mode='max-autotune' (Inductor segments per stream) is not implemented "
-            "yet; running the 'reduce-overhead' path (generated aten code)",
-            stacklevel=3,
-        )
 
 
 def _cuda_device(gm: torch.fx.GraphModule) -> torch.device | None:
@@ -150,7 +142,6 @@ class GraphCompiler:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Executor:
         kind = self.kind or _graph_kind(gm)
-        _warn_unimplemented(self.config)
         dumper = self.dumper if self.dumper is not None else dumper_for(self.config)
         observers = [o for o in (self.observer,) if o is not None]
         if dumper is not None:
@@ -163,12 +154,25 @@ class GraphCompiler:
             gm, single_stream=self.config.ge_config.enable_single_stream, graph_kind=kind
         )
         plan = build_plan(gm, streams)
+        segments: tuple[CompiledSegment, ...] = ()
+        if self.config.mode == "max-autotune":
+            plan, streams, segments = fuse_streams(
+                gm,
+                plan,
+                streams,
+                graph_kind=kind,
+                min_ops=self.config.experimental_config.min_segment_ops,
+                threads_per_stream=self.config.stream_config.threads_per_stream,
+                strict=self.config.debug.strict_max_autotune,
+            )
         executor = self._executor(gm, plan, streams)
         if dumper is not None:
             dumper.dump(kind, "plan", gm, streams=streams, plan=plan, code=executor.code)
-            dumper.summary(kind, plan)
+            dumper.summary(kind, plan, segments)
         if self.on_compiled is not None:
-            self.on_compiled(CompiledGraph(kind, gm, streams, plan, tuple(results), executor))
+            self.on_compiled(
+                CompiledGraph(kind, gm, streams, plan, tuple(results), executor, segments)
+            )
         return executor
 
     def _executor(

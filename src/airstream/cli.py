@@ -47,6 +47,20 @@ def _bench(args: argparse.Namespace) -> int:
         text = f"stream passes on a {report['nodes']}-node graph:\n" + "\n".join(
             f"  {name:<24}{seconds:.3f} s" for name, seconds in report["seconds"].items()
         )
+    elif args.mode is not None or args.name == "branches-pointwise":
+        from airstream.bench.modes import MODES, format_modes, run_modes
+
+        report = run_modes(
+            args.name,
+            modes=MODES if args.mode in (None, "both") else (args.mode,),
+            tokens=args.tokens,
+            hidden=args.hidden,
+            rounds=args.rounds,
+            calls=args.calls or 5,
+            inductor=not args.no_inductor,
+            compile_times=not args.no_compile_time,
+        )
+        text = format_modes(report)
     elif args.name != "moe" or args.passes:
         from airstream.bench.suite import format_suite, run_suite
 
@@ -113,28 +127,40 @@ def _selftest(args: argparse.Namespace) -> int:
         from airstream.selftest.fuzz import run_fuzz
 
         start = time.perf_counter()
-        report = run_fuzz(args.cases, seed=args.seed, runs=args.runs)
+        report = run_fuzz(args.cases, seed=args.seed, runs=args.runs, mode=args.mode)
         report["seconds"] = round(time.perf_counter() - start, 1)
         report["seed"] = args.seed
         if args.json:
             print(json.dumps(report, indent=2))
         else:
+            compared = (
+                f"with {report['segments']} Inductor segments against the aten path"
+                if args.mode == "max-autotune"
+                else "through the CPU runtime and the serial executor"
+            )
             print(
                 f"fuzz: {report['valid']} valid programs ({report['side_stream_programs']} with "
-                f"side streams), each run {args.runs}x through the CPU runtime and the serial "
-                f"executor: all equal, no hang; {report['invalid']} broken programs: all "
+                f"side streams), each run {args.runs}x {compared}: all equal, no hang; "
+                f"{report['invalid']} broken programs: all "
                 f"StreamError {report['invalid_kinds']}; seed {args.seed}, "
                 f"{report['seconds']} s"
             )
         return 0
-    from airstream.selftest.opinfo import format_sweep, run_sweep
+    from airstream.selftest.opinfo import format_sweep, load_sweep, run_sweep
 
-    sweep = run_sweep(
-        ops=args.ops.split(",") if args.ops else None,
-        max_samples=args.max_samples,
-        inductor=not args.no_inductor,
-        progress=True,
-    )
+    if args.load:
+        sweep = load_sweep(args.load.split(","), args.max_samples)
+    else:
+        shard = tuple(int(x) for x in args.shard.split("/"))
+        sweep = run_sweep(
+            ops=args.ops.split(",") if args.ops else None,
+            max_samples=args.max_samples,
+            inductor=not args.no_inductor,
+            progress=True,
+            configs=args.configs.split(",") if args.configs else None,
+            shard=(shard[0], shard[1]),
+            results_path=args.results,
+        )
     print(json.dumps(sweep, indent=2) if args.json else format_sweep(sweep))
     return 0
 
@@ -188,6 +214,13 @@ def build_parser() -> argparse.ArgumentParser:
     selftest.add_argument("--cases", type=int, default=1000, help="fuzz: programs (default 1000)")
     selftest.add_argument("--seed", type=int, default=0, help="fuzz: seed (default 0)")
     selftest.add_argument("--runs", type=int, default=2, help="fuzz: runs per program")
+    selftest.add_argument(
+        "--mode",
+        choices=["reduce-overhead", "max-autotune"],
+        default="reduce-overhead",
+        help="fuzz: max-autotune compiles each program's segments with Inductor and compares "
+        "with the aten path",
+    )
     selftest.add_argument("--ops", default="", help="opinfo: comma-separated op names (all)")
     selftest.add_argument(
         "--max-samples", type=int, default=None, help="opinfo: samples per op (all)"
@@ -195,7 +228,25 @@ def build_parser() -> argparse.ArgumentParser:
     selftest.add_argument(
         "--no-inductor",
         action="store_true",
-        help="opinfo: skip the Inductor anchor (it compiles C++ per sample: hours for all ops)",
+        help="opinfo: skip the Inductor-based configurations (max-autotune and the Inductor "
+        "anchor compile C++ per sample: hours for all ops)",
+    )
+    selftest.add_argument(
+        "--configs",
+        default="",
+        help="opinfo: comma-separated configurations (default: all; aot_eager is always added)",
+    )
+    selftest.add_argument(
+        "--shard", default="0/1", help="opinfo: k/n sweeps every n-th op from the k-th (0/1)"
+    )
+    selftest.add_argument(
+        "--results", default=None, help="opinfo: append each op's results to this JSON-lines file"
+    )
+    selftest.add_argument(
+        "--load",
+        default="",
+        help="opinfo: comma-separated --results files to report on (e.g. one per shard); "
+        "sweeps nothing",
     )
     selftest.add_argument("--json", action="store_true", help="print the report as JSON")
     selftest.set_defaults(func=_selftest)
@@ -209,11 +260,22 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="run a benchmark and print its figures")
     bench.add_argument(
         "name",
-        choices=["overhead", "moe", "moe-shared", "branches", "mlp", "passes", "batched-experts"],
+        choices=[
+            "overhead",
+            "moe",
+            "moe-shared",
+            "branches",
+            "mlp",
+            "passes",
+            "batched-experts",
+            "branches-pointwise",
+        ],
         help="overhead: per-op cost vs fx.GraphModule and one side stream's cost; "
         "moe: a dense MoE block, eager vs Inductor vs airstream on 1 and 2 streams "
         "(--passes: the stream passes instead); moe-shared, branches, mlp: each model with "
-        "the stream passes that apply to it; passes: how long each pass takes on 5,000 nodes",
+        "the stream passes that apply to it; passes: how long each pass takes on 5,000 nodes; "
+        "branches-pointwise (and moe with --mode): reduce-overhead vs max-autotune on 1 and 2 "
+        "streams next to eager and Inductor, with compile times",
     )
     bench.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
     bench.add_argument(
@@ -226,6 +288,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-inductor", action="store_true", help="skip the Inductor runner")
     bench.add_argument(
         "--passes", action="store_true", help="moe: time the stream passes (moe_experts, ...)"
+    )
+    bench.add_argument(
+        "--mode",
+        choices=["reduce-overhead", "max-autotune", "both"],
+        default=None,
+        help="branches-pointwise, moe: the airstream modes to time (default both)",
+    )
+    bench.add_argument(
+        "--no-compile-time",
+        action="store_true",
+        help="--mode: skip the compile-time measurements (fresh processes, cold/warm cache)",
     )
     bench.add_argument("--json", action="store_true", help="print the report as JSON")
     bench.set_defaults(func=_bench)

@@ -173,6 +173,12 @@ class DebugConfig(_Group):
         "verify_passes": _Option(
             False, _boolean, "lint the graph and re-check node metadata after every pass"
         ),
+        "strict_max_autotune": _Option(
+            False,
+            _boolean,
+            "max-autotune: a segment Inductor cannot compile is an error (default: it runs as "
+            "aten code, logged once)",
+        ),
     }
 
 
@@ -191,6 +197,12 @@ class ExperimentalConfig(_Group):
         "cse": _Option(True, _boolean, "built-in pass: common-subexpression elimination"),
         "keep_inference_input_mutations": _Option(
             True, _boolean, "keep input mutations (copy_) inside inference graphs"
+        ),
+        "min_segment_ops": _Option(
+            2,
+            _positive_int,
+            "max-autotune: shortest run of fusible ops compiled by Inductor (shorter runs stay "
+            "aten calls: one op alone gains no fusion)",
         ),
     }
 

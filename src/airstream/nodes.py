@@ -20,6 +20,8 @@ def target_name(node: torch.fx.Node) -> str:
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
         return f"{target.namespace}.{target._opname}.{target._overloadname}"
+    if "air_segment" in node.meta:  # max-autotune: an Inductor-compiled segment
+        return "inductor_segment"
     return getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
 
 

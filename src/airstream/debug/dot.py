@@ -67,6 +67,16 @@ def to_dot(
             attrs.update(shape="cds", fillcolor="#eeeeee", label=text)
         elif node.target in (record, wait):
             attrs.update(shape="diamond", fillcolor=colour.get(label, "white"), label=node.name)
+        elif "air_segment" in node.meta:  # max-autotune: what Inductor fused, and into what
+            seg = node.meta["air_segment"]
+            attrs.update(
+                fillcolor=colour.get(label, "white"),
+                peripheries="2",
+                label=f"{node.name}\n"
+                + "\n".join(seg.kernels)
+                + f"\nfused {seg.segment.ops} ops\n[{_stream_name(label)}]",
+                tooltip=f"fused: {', '.join(seg.segment.nodes)}",
+            )
         else:
             attrs.update(
                 fillcolor=colour.get(label, "white"),

@@ -24,12 +24,13 @@ import shutil
 import subprocess
 import threading
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch.fx
 
 from airstream.debug.dot import to_dot
-from airstream.debug.report import format_streams
+from airstream.debug.report import format_segments, format_streams
 from airstream.errors import StreamError
 from airstream.passes.manager import PassObserver, PassSpec
 from airstream.schedule.plan import StreamPlan
@@ -136,9 +137,13 @@ class GraphDumper:
             path = self._render_svg(path)
         return path
 
-    def summary(self, graph_kind: str, plan: StreamPlan) -> str:
-        """Write the stream allocation summary of a graph's plan."""
-        return self._write(self._next(graph_kind, "summary", "txt"), plan.summary() + "\n")
+    def summary(self, graph_kind: str, plan: StreamPlan, segments: Sequence[Any] = ()) -> str:
+        """Write the stream allocation summary of a graph's plan (and its max-autotune
+        segments)."""
+        text = plan.summary() + "\n"
+        if segments:
+            text += "\n" + format_segments(segments) + "\n"
+        return self._write(self._next(graph_kind, "summary", "txt"), text)
 
     def _render_svg(self, dot_path: str) -> str:
         exe = shutil.which("dot")

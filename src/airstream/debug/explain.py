@@ -18,7 +18,7 @@ import torch.fx
 
 from airstream.backend import AirstreamBackend, CompiledGraph
 from airstream.config import CompilerConfig
-from airstream.debug.report import format_streams
+from airstream.debug.report import format_segments, format_streams
 from airstream.passes.manager import PassObserver, PassSpec
 from airstream.schedule.plan import Run
 from airstream.schedule.streams import StreamAssignment, assign_streams
@@ -37,6 +37,7 @@ class GraphReport:
     kind: str
     stages: list[tuple[str, str]] = field(default_factory=list)  # (stage, graph text)
     compiled: CompiledGraph | None = None
+    mode: str = "reduce-overhead"
 
 
 @dataclass
@@ -59,6 +60,9 @@ class ExplainReport:
                 out.write(f"\n== graph {i} ({graph.kind}) plan ==\n{graph.compiled.plan}\n")
                 out.write(graph.compiled.plan.summary() + "\n")
                 out.write(f"executor: {type(graph.compiled.executor).__name__}\n")
+                if graph.compiled.segments or graph.mode == "max-autotune":
+                    out.write(f"\n== graph {i} ({graph.kind}) max-autotune segments ==\n")
+                    out.write(format_segments(graph.compiled.segments) + "\n")
                 decision = graph.compiled.graph_module.meta.get("airstream_auto_streams")
                 if decision is not None:
                     out.write(f"{decision}\n")
@@ -149,6 +153,7 @@ def explain(
         backend, reports = _compile_only(model, example_inputs, config, fullgraph=False, **kw)
     for report, graph in zip(reports, backend.graphs, strict=False):
         report.compiled = graph
+        report.mode = config.mode
     warnings_: list[str] = []
     for graph in backend.graphs:
         warnings_ += small_stream_warnings(graph)

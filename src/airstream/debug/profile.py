@@ -105,6 +105,10 @@ class Profile:
                 f"{s.idle_ns / 1e3:>10.1f}"
             )
         lines.append(f"overlap (sum of busy / wall): {self.overlap():.2f}")
+        segments = {r.name: r.detail for r in self.events if r.detail}
+        if segments:  # max-autotune: what each segment step is
+            lines.append("segments (max-autotune):")
+            lines += [f"  {detail}" for detail in segments.values()]
         return "\n".join(lines)
 
     def _origin(self) -> int:
@@ -150,7 +154,8 @@ class Profile:
                     "tid": tid[r.stream],
                     "ts": us(r.start_ns),
                     "dur": max((r.end_ns - r.start_ns) / 1e3, 0.001),
-                    "args": {"call": r.call, "thread": r.thread},
+                    "args": {"call": r.call, "thread": r.thread}
+                    | ({"segment": r.detail} if r.detail else {}),
                 }
             )
         recorded: dict[tuple[int, int], SyncRecord] = {}
@@ -240,7 +245,8 @@ class Profile:
                     f'<rect x="{x(r.start_ns):.2f}" y="{y + 2}" '
                     f'width="{max((r.end_ns - r.start_ns) * scale, 0.5):.2f}" '
                     f'height="{lane_h - 8}" fill="{colour}"><title>{escape(r.name)}: '
-                    f"{(r.end_ns - r.start_ns) / 1e3:.1f} us</title></rect>"
+                    f"{(r.end_ns - r.start_ns) / 1e3:.1f} us"
+                    f"{escape(chr(10) + r.detail) if r.detail else ''}</title></rect>"
                 )
             parts.append("</g>")
         parts.append("</svg>")

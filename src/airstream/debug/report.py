@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch.fx
 
@@ -10,7 +12,7 @@ from airstream.nodes import source_line, target_name
 from airstream.ops.library import record, scope_enter, scope_exit, wait, wait_tensor
 from airstream.schedule.streams import StreamAssignment
 
-__all__ = ["ControlEdge", "control_edges", "format_streams", "stream_name"]
+__all__ = ["ControlEdge", "control_edges", "format_segments", "format_streams", "stream_name"]
 
 
 def stream_name(label: str | None) -> str:
@@ -78,6 +80,30 @@ def format_streams(gm: torch.fx.GraphModule, streams: StreamAssignment) -> str:
         else:
             args = ", ".join(str(a) for a in node.args)
             text = f"{node.name} = {target_name(node)}({args})"
+            segment = node.meta.get("air_segment")
+            if segment is not None:
+                text += f"    # fused {', '.join(segment.segment.nodes)}"
         where = source_line(node)
         lines.append(f"{label:<{width}}  {text}" + (f"    # {where}" if where else ""))
+    return "\n".join(lines)
+
+
+def format_segments(segments: Sequence[Any]) -> str:
+    """max-autotune: per stream, each segment's ops, kernels, compile time and cache state;
+    segments that fell back to aten code with Inductor's error."""
+    if not segments:
+        return "max-autotune: no segment of 2 or more fusible ops"
+    lines = [f"{'stream':<10}{'segment':<22}{'ops':>5}{'compile s':>11}  {'cache':<9}kernels"]
+    for seg in sorted(segments, key=lambda s: (s.segment.stream is not None, s.segment.name)):
+        kernels = ", ".join(seg.kernels) if seg.node is not None else f"aten ({seg.fallback})"
+        lines.append(
+            f"{stream_name(seg.segment.stream):<10}{seg.segment.name:<22}{seg.segment.ops:>5}"
+            f"{seg.compile_s:>11.2f}  {seg.cache:<9}{kernels}"
+        )
+        lines.append(f"{'':<32}fused: {', '.join(seg.segment.nodes)}")
+    total = sum(s.compile_s for s in segments)
+    fallbacks = sum(1 for s in segments if s.node is None)
+    lines.append(
+        f"{len(segments)} segment(s), {total:.2f} s compiling, {fallbacks} fell back to aten code"
+    )
     return "\n".join(lines)

@@ -23,5 +23,9 @@ def emit_op(
         return graph.node_copy(node, arg)
     token = graph.call_function(op_begin, (trace, node.name))
     new = graph.node_copy(node, arg)
-    graph.call_function(op_end, (trace, node.name, token))
+    segment = node.meta.get("air_segment")
+    if segment is None:
+        graph.call_function(op_end, (trace, node.name, token))
+    else:  # max-autotune: the profile says what the segment fused and which kernels ran
+        graph.call_function(op_end, (trace, node.name, token, segment.describe()))
     return new

@@ -66,7 +66,8 @@ def tracing_wanted() -> bool:
 
 @dataclass(frozen=True)
 class OpRecord:
-    """One executed op: ``stream`` (None = main), FX node ``name``, host start/end in ns."""
+    """One executed op: ``stream`` (None = main), FX node ``name``, host start/end in ns;
+    ``detail`` says what a max-autotune segment fused and its kernels (else ``""``)."""
 
     stream: str | None
     name: str
@@ -74,6 +75,7 @@ class OpRecord:
     end_ns: int
     call: int
     thread: str
+    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -127,14 +129,13 @@ class StreamTrace:
             handle = torch.ops.profiler._record_function_enter_new(f"{self.prefix}:{name}", None)
         return now_ns(), handle
 
-    def op_end(self, name: str, token: tuple[int, Any]) -> None:
+    def op_end(self, name: str, token: tuple[int, Any], detail: str = "") -> None:
         end = now_ns()
         start, handle = token
         if handle is not None:
             torch.ops.profiler._record_function_exit._RecordFunction(handle)
-        self.call.ops.append(
-            OpRecord(self.label, name, start, end, self.call.call, threading.current_thread().name)
-        )
+        thread = threading.current_thread().name
+        self.call.ops.append(OpRecord(self.label, name, start, end, self.call.call, thread, detail))
 
     def sync(self, kind: str, event: int, start: int) -> None:
         self.call.syncs.append(SyncRecord(kind, self.label, event, start, now_ns(), self.call.call))
@@ -145,6 +146,6 @@ def op_begin(trace: StreamTrace, name: str) -> tuple[int, Any]:
     return trace.op_begin(name)
 
 
-def op_end(trace: StreamTrace, name: str, token: tuple[int, Any]) -> None:
-    """Generated code: after an op."""
-    trace.op_end(name, token)
+def op_end(trace: StreamTrace, name: str, token: tuple[int, Any], detail: str = "") -> None:
+    """Generated code: after an op (``detail``: a max-autotune segment's description)."""
+    trace.op_end(name, token, detail)

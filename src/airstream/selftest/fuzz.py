@@ -6,6 +6,8 @@ one in the tests, a seeded one in ``airstream selftest fuzz``). :func:`check_pro
 plans it, and runs it many times through the CPU runtime and through the serial executor: results
 and mutated inputs must be equal, and every run must finish within a timeout (a hang fails, it
 does not block). :func:`break_program` makes an invalid variant that must raise StreamError.
+:func:`check_program_max_autotune` runs a program with its segments compiled by Inductor
+(max-autotune) against the same program on the aten path (reduce-overhead).
 """
 
 from __future__ import annotations
@@ -26,7 +28,14 @@ from airstream.runtime.serial import SerialExecutor
 from airstream.schedule.plan import build_plan
 from airstream.schedule.streams import assign_streams
 
-__all__ = ["FuzzHang", "Program", "break_program", "check_program", "draw_program"]
+__all__ = [
+    "FuzzHang",
+    "Program",
+    "break_program",
+    "check_program",
+    "check_program_max_autotune",
+    "draw_program",
+]
 
 SHAPE = (4, 4)
 STREAMS: tuple[str | None, ...] = (None, "f1", "f2", "f3")
@@ -197,6 +206,47 @@ def check_program(program: Program, runs: int = 3, timeout: float = 20.0) -> Non
             torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True, msg=f"input {i}")
 
 
+def check_program_max_autotune(
+    program: Program, runs: int = 2, timeout: float = 60.0, min_ops: int = 2
+) -> int:
+    """Run ``program`` with Inductor-compiled segments (max-autotune) and on the aten path;
+    outputs and mutated inputs must agree to float32 tolerance (Inductor's vectorized math is
+    not bit-equal to aten's), random values exactly. Returns how many segments were compiled."""
+    from airstream.runtime.inductor import fuse_streams
+
+    gm = trace_program(program)
+    streams = assign_streams(gm)
+    plan = build_plan(gm, streams)
+    reference = CpuExecutor(gm, plan, 1) if any(s.runs for s in plan.side_streams) else None
+    reference = reference or SerialExecutor(gm, streams)
+    fused_gm = trace_program(program)
+    fused_plan, fused_streams, segments = fuse_streams(
+        fused_gm,
+        build_plan(fused_gm, assign_streams(fused_gm)),
+        assign_streams(fused_gm),
+        graph_kind="inference",
+        min_ops=min_ops,
+        strict=True,
+    )
+    multi = any(s.runs for s in fused_plan.side_streams)
+    fused = (
+        CpuExecutor(fused_gm, fused_plan, 1) if multi else SerialExecutor(fused_gm, fused_streams)
+    )
+    for run in range(runs):
+        seed = 7919 * run + 1
+        ref_inputs = _inputs(program, seed)
+        got_inputs = [t.clone() for t in ref_inputs]
+        torch.manual_seed(seed)
+        want = _call_with_timeout(lambda a=ref_inputs: reference(a), timeout, f"aten run {run}")
+        torch.manual_seed(seed)
+        got = _call_with_timeout(lambda a=got_inputs: fused(a), timeout, f"fused run {run}")
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            torch.testing.assert_close(g, w, equal_nan=True, msg=f"output {i}")
+        for i, (g, w) in enumerate(zip(got_inputs, ref_inputs, strict=True)):
+            torch.testing.assert_close(g, w, equal_nan=True, msg=f"input {i}")
+    return len(segments)
+
+
 def break_program(gm: torch.fx.GraphModule, rng: random.Random) -> str:
     """Make ``gm`` invalid in place, in one of three ways; return which."""
     graph = gm.graph
@@ -231,13 +281,23 @@ def check_invalid(program: Program, rng: random.Random) -> str:
     raise AssertionError(f"{how}: no StreamError for an invalid program\n{program}")
 
 
-def run_fuzz(cases: int, seed: int = 0, runs: int = 2) -> dict[str, Any]:
-    """``cases`` valid programs checked and ``cases`` invalid ones; returns counts."""
+def run_fuzz(
+    cases: int, seed: int = 0, runs: int = 2, mode: str = "reduce-overhead"
+) -> dict[str, Any]:
+    """``cases`` valid programs checked and ``cases`` invalid ones; returns counts.
+
+    ``mode="max-autotune"`` checks each valid program with Inductor-compiled segments against
+    the aten path instead (and counts the segments compiled)."""
     rng = random.Random(seed)
     stats = {"valid": 0, "invalid": 0, "side_stream_programs": 0, "invalid_kinds": {}}
+    if mode == "max-autotune":
+        stats["segments"] = 0
     for _ in range(cases):
         program = draw_program(rng)
-        check_program(program, runs=runs)
+        if mode == "max-autotune":
+            stats["segments"] += check_program_max_autotune(program, runs=runs)
+        else:
+            check_program(program, runs=runs)
         stats["valid"] += 1
         if any(s.stream is not None for s in program.steps):
             stats["side_stream_programs"] += 1

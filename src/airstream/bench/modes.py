@@ -1,0 +1,219 @@
+"""``airstream bench <model> --mode ...``: reduce-overhead vs max-autotune, next to eager and
+Inductor, and compile times with a cold and a warm Inductor cache.
+
+Models: ``branches-pointwise`` (N independent branches, each a Linear then a chain of pointwise
+ops, summed) and ``moe`` (the dense MoE block of ``airstream bench moe``). 2 streams: branch /
+expert ``i`` on stream ``i % 2`` by :func:`airstream.bench.moe.split_experts` (a pass: the model
+code is not edited), 1 intra-op thread per stream; 1-stream airstream runs with torch's default
+intra-op threads, like Inductor and eager.
+
+Compile time is the first call of a freshly compiled model in a fresh process (Dynamo, AOT,
+passes, Inductor and the first run), with an empty Inductor cache directory (cold) and then again
+in a second process with the same directory (warm).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from airstream.backend import get_backend
+from airstream.bench.moe import MoE, split_experts
+from airstream.bench.timing import checked_medians, with_threads
+from airstream.config import CompilerConfig
+
+__all__ = ["BranchesPointwise", "MODE_MODELS", "compile_time", "format_modes", "run_modes"]
+
+MODE_MODELS = ("branches-pointwise", "moe")
+MODES = ("reduce-overhead", "max-autotune")
+
+
+class BranchesPointwise(torch.nn.Module):
+    """``branches`` independent branches on the same input, each ``Linear(H, H)`` followed by a
+    chain of ``pointwise`` elementwise ops, summed at the end."""
+
+    def __init__(self, branches: int = 4, hidden: int = 1024, pointwise: int = 10) -> None:
+        super().__init__()
+        self.branches = torch.nn.ModuleList(
+            torch.nn.Linear(hidden, hidden) for _ in range(branches)
+        )
+        self.pointwise = pointwise
+
+    def _chain(self, y: torch.Tensor) -> torch.Tensor:
+        for i in range(self.pointwise):
+            step = i % 5
+            if step == 0:
+                y = torch.nn.functional.gelu(y)
+            elif step == 1:
+                y = y * 1.5 + 0.25
+            elif step == 2:
+                y = torch.tanh(y)
+            elif step == 3:
+                y = torch.sigmoid(y) * y
+            else:
+                y = y - y.abs() * 0.125
+        return y
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outs = [self._chain(branch(x)) for branch in self.branches]
+        total = outs[0]
+        for out in outs[1:]:
+            total = total + out
+        return total
+
+
+def _model(name: str, tokens: int, hidden: int) -> tuple[torch.nn.Module, torch.Tensor, str]:
+    """The model, its input, and the module-path pattern that numbers its parallel parts."""
+    torch.manual_seed(0)
+    if name == "branches-pointwise":
+        model: torch.nn.Module = BranchesPointwise(4, hidden, 10)
+        pattern = r"branches\.(\d+)"
+    elif name == "moe":
+        model = MoE(8, hidden)
+        pattern = r"experts\.(\d+)"
+    else:
+        raise ValueError(f"no --mode benchmark for model {name!r}; choose from {MODE_MODELS}")
+    return model.eval(), torch.randn(tokens, hidden), pattern
+
+
+def _airstream(model: torch.nn.Module, mode: str, streams: int, pattern: str) -> Any:
+    config = CompilerConfig()
+    config.mode = mode
+    if streams > 1:
+        config.post_grad_custom_pre_pass = split_experts(streams, pattern)
+    backend = get_backend(config)
+    return torch.compile(model, backend=backend), backend
+
+
+def run_modes(
+    name: str,
+    modes: tuple[str, ...] = MODES,
+    tokens: int = 8,
+    hidden: int = 1024,
+    rounds: int = 15,
+    calls: int = 5,
+    inductor: bool = True,
+    compile_times: bool = True,
+) -> dict[str, Any]:
+    """Time eager, Inductor and airstream in each mode on 1 and 2 streams; medians (ms)."""
+    threads = torch.get_num_threads()
+    model, x, pattern = _model(name, tokens, hidden)
+    candidates: dict[str, Callable[[], Any]] = {
+        "eager": with_threads(threads, lambda: model(x)),
+    }
+    if inductor:
+        opt = torch.compile(model)
+        candidates["inductor"] = with_threads(threads, lambda: opt(x))
+    backends = {}
+    for mode in modes:
+        for streams in (1, 2):
+            compiled, backend = _airstream(model, mode, streams, pattern)
+            runner = f"airstream {mode} {streams} stream{'s' if streams > 1 else ''}"
+            candidates[runner] = with_threads(threads, lambda c=compiled: c(x))
+            backends[runner] = backend
+    with torch.no_grad():
+        want = model(x)
+    medians = checked_medians(candidates, want, rounds=rounds, calls_per_round=calls)
+    segments = {
+        runner: sum(1 for g in b.graphs for s in g.segments if s.node is not None)
+        for runner, b in backends.items()
+    }
+    report: dict[str, Any] = {
+        "benchmark": f"{name} --mode",
+        "model": name,
+        "tokens": tokens,
+        "hidden": hidden,
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "rounds": rounds,
+        "calls_per_round": calls,
+        "ms": {k: v * 1e3 for k, v in medians.items()},
+        "segments": segments,
+        "streams_used": {
+            runner: len([s for s in b.graphs[-1].plan.streams if s.runs])
+            for runner, b in backends.items()
+        },
+    }
+    if compile_times:
+        runners = [r for r in ("inductor", *backends) if r in candidates]
+        report["compile_s"] = {
+            r: compile_time(name, r, tokens=tokens, hidden=hidden) for r in runners
+        }
+    return report
+
+
+def compile_time(name: str, runner: str, tokens: int = 8, hidden: int = 1024) -> dict[str, float]:
+    """First-call seconds of ``runner`` on model ``name`` in fresh processes: ``cold`` (empty
+    Inductor cache) and ``warm`` (a second process on the same cache)."""
+    with tempfile.TemporaryDirectory(prefix="airstream-compile-") as cache:
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
+        out = {}
+        for state in ("cold", "warm"):
+            result = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "airstream.bench.modes",
+                    name,
+                    runner,
+                    str(tokens),
+                    str(hidden),
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=900,
+            )
+            out[state] = json.loads(result.stdout.strip().splitlines()[-1])["seconds"]
+    return out
+
+
+def _first_call(name: str, runner: str, tokens: int, hidden: int) -> float:
+    model, x, pattern = _model(name, tokens, hidden)
+    if runner == "inductor":
+        compiled = torch.compile(model)
+    else:
+        _, mode, streams, _ = runner.split(" ")
+        compiled, _ = _airstream(model, mode, int(streams), pattern)
+    start = time.perf_counter()
+    with torch.no_grad():
+        compiled(x)
+    return time.perf_counter() - start
+
+
+def format_modes(report: dict[str, Any]) -> str:
+    """The report as a table."""
+    ms = report["ms"]
+    reference = ms.get("inductor", ms["eager"])
+    ref_name = "inductor" if "inductor" in ms else "eager"
+    lines = [
+        f"{report['model']}: B={report['tokens']}, H={report['hidden']}, float32; "
+        f"{report['cores']} cores, torch {report['torch']}; {report['rounds']} interleaved "
+        f"rounds x {report['calls_per_round']} calls, medians",
+        f"{'runner':<38}{'ms':>9}{'vs ' + ref_name:>14}{'segments':>10}{'streams':>9}",
+    ]
+    for runner, value in ms.items():
+        segs = report["segments"].get(runner, "")
+        used = report["streams_used"].get(runner, "")
+        lines.append(f"{runner:<38}{value:>9.2f}{reference / value:>13.2f}x{segs!s:>10}{used!s:>9}")
+    if "compile_s" in report:
+        lines.append("compile time (first call, fresh process), seconds:")
+        lines.append(f"  {'runner':<36}{'cold cache':>12}{'warm cache':>12}")
+        for runner, t in report["compile_s"].items():
+            lines.append(f"  {runner:<36}{t['cold']:>12.2f}{t['warm']:>12.2f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # one compile-time measurement (see compile_time)
+    _name, _runner, _tokens, _hidden = sys.argv[1:5]
+    seconds = _first_call(_name, _runner, int(_tokens), int(_hidden))
+    print(json.dumps({"seconds": seconds}))

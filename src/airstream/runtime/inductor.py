@@ -1,0 +1,318 @@
+"""max-autotune: each segment (``schedule/segments.py``) compiled by Inductor, run as one step.
+
+For every segment: its nodes are cut out into a marker-free GraphModule (inputs: the values it
+reads from outside, in order of first use; outputs: a tuple of the values read after it),
+decomposed with Inductor's own decomposition table, and compiled with ``compile_fx_inner`` in a
+tracing context of the graph's fake mode (C++ kernels on CPU, Triton on CUDA). Inductor's FX graph
+cache makes a later process reuse the artifacts; within a graph, segments with the same code on
+the same input shapes share one compile (the experts of an MoE layer compile once).
+
+The graph is then rewritten: a call of the compiled segment replaces the segment's nodes at the
+place of its last node, and ``getitem`` nodes unpack its outputs. The fused node carries
+``meta["air_segment"]`` (a CompiledSegment: the nodes it fused, the kernels Inductor generated,
+the compile time) for dumps, the profiler and ``explain``.
+
+A segment Inductor cannot compile runs as the aten code it was, with one log line naming the
+segment, its nodes and Inductor's error; ``debug.strict_max_autotune`` makes that a PassError.
+With side streams, kernels are generated for ``stream_config.threads_per_stream`` threads, the
+intra-op threads each stream runs with.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+from airstream.errors import PassError
+from airstream.schedule.plan import StreamPlan
+from airstream.schedule.segments import Segment, find_segments, substitute
+from airstream.schedule.streams import StreamAssignment
+
+__all__ = ["CompiledSegment", "compile_segments", "fuse_streams", "kernel_names", "segment_module"]
+
+log = logging.getLogger("airstream")
+
+STAGE = "max-autotune"
+
+
+@dataclass(frozen=True)
+class CompiledSegment:
+    """What became of one segment.
+
+    Attributes:
+        segment: the segment (stream, node names).
+        node: the fused node's name in the rewritten graph; None if the segment fell back.
+        kernels: the kernels Inductor generated or called (``cpp_fused_*``, ``triton_*``,
+            ``extern:mm``, ...), in order of appearance in its code.
+        compile_s: seconds spent compiling it (0 for a segment sharing an earlier compile).
+        cache: ``miss`` (compiled now), ``hit`` (Inductor's FX graph cache), ``shared`` (same code
+            as an earlier segment of this graph) or ``fallback``.
+        fallback: Inductor's error when the segment runs as aten code, else ``""``.
+    """
+
+    segment: Segment
+    node: str | None
+    kernels: tuple[str, ...]
+    compile_s: float
+    cache: str
+    fallback: str = ""
+
+    def describe(self) -> str:
+        """One line: the segment, what it fused, its kernels."""
+        fused = ", ".join(self.segment.nodes)
+        if self.node is None:
+            return f"{self.segment.name} (aten fallback: {self.fallback}) [{fused}]"
+        kernels = ", ".join(self.kernels) or "no kernels"
+        return f"{self.segment.name}: {kernels} [fused {fused}]"
+
+
+_KERNEL = re.compile(
+    r"\b(cpp_fused_\w+|triton_\w+)\b|extern_kernels\.(\w+)|torch\.ops\.(aten\.\w+)"
+)
+
+
+def kernel_names(source: str) -> tuple[str, ...]:
+    """Kernels named in Inductor's generated ``source``, in order of first appearance."""
+    names: dict[str, None] = {}
+    for match in _KERNEL.finditer(source):
+        kernel, extern, fallback = match.groups()
+        if kernel is not None:
+            names.setdefault(kernel, None)
+        elif extern is not None:
+            names.setdefault(f"extern:{extern}", None)
+        elif fallback is not None:
+            names.setdefault(f"fallback:{fallback}", None)
+    return tuple(names)
+
+
+def segment_module(
+    gm: torch.fx.GraphModule, segment: Segment
+) -> tuple[torch.fx.GraphModule, list[torch.fx.Node], list[torch.fx.Node]]:
+    """The segment as its own GraphModule returning a tuple, with the outer nodes it reads
+    (its inputs, in order) and the outer nodes read after it (its outputs, in order)."""
+    by_name = {n.name: n for n in gm.graph.nodes}
+    members = [by_name[name] for name in segment.nodes]
+    inside = set(members)
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    inputs: list[torch.fx.Node] = []
+
+    def arg(node: torch.fx.Node) -> torch.fx.Node:
+        if node not in env:  # read from outside: a new input
+            placeholder = graph.placeholder(f"in_{len(inputs)}")
+            placeholder.meta["val"] = node.meta.get("val")
+            inputs.append(node)
+            env[node] = placeholder
+        return env[node]
+
+    for node in members:
+        env[node] = graph.node_copy(node, arg)
+    outputs = [n for n in members if any(user not in inside for user in n.users)]
+    graph.output(tuple(env[n] for n in outputs))
+    return torch.fx.GraphModule(gm, graph, class_name="AirstreamSegment"), inputs, outputs
+
+
+def _decompose(sub: torch.fx.GraphModule, fakes: Sequence[Any], fake_mode: Any) -> Any:
+    """Retrace with Inductor's decompositions (Inductor lowers only what they leave)."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with fake_mode:
+        traced = make_fx(
+            torch.fx.Interpreter(sub).run,
+            decomposition_table=select_decomp_table(),
+            tracing_mode="real",
+        )(*fakes)
+    for node in traced.graph.nodes:  # descriptive kernel names (cpp_fused_add_relu_0)
+        if isinstance(node.target, torch._ops.OpOverload):
+            node.meta.setdefault("original_aten", node.target)
+    return traced
+
+
+def _compile(
+    sub: torch.fx.GraphModule, fakes: Sequence[Any], fake_mode: Any, graph_kind: str, threads: int
+) -> tuple[Callable[[list[Any]], Any], tuple[str, ...], str]:
+    """Inductor-compile one segment: (callable on a list of inputs, kernel names, cache)."""
+    from torch._dynamo.utils import counters
+    from torch._guards import TracingContext, tracing
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    decomposed = _decompose(sub, fakes, fake_mode)
+    patches: dict[str, Any] = {}
+    if threads > 0:
+        patches["cpp.threads"] = threads
+    hits = counters["inductor"]["fxgraph_cache_hit"]
+    with tracing(TracingContext(fake_mode)), inductor_config.patch(patches):
+        compiled = compile_fx_inner(
+            decomposed,
+            list(fakes),
+            is_inference=graph_kind == "inference",
+            is_backward=graph_kind == "backward",
+        )
+    cache = "hit" if counters["inductor"]["fxgraph_cache_hit"] > hits else "miss"
+    source = getattr(compiled, "source_code", "") or ""
+    return compiled, kernel_names(source), cache
+
+
+def _key(sub: torch.fx.GraphModule, fakes: Sequence[Any]) -> tuple[Any, ...]:
+    """Same ops on the same input shapes and layouts (node names aside): one compile serves
+    both."""
+    index = {node: i for i, node in enumerate(sub.graph.nodes)}
+
+    def ref(node: torch.fx.Node) -> str:
+        return f"%{index[node]}"
+
+    ops = tuple(
+        (
+            node.op,
+            str(node.target),
+            str(torch.fx.map_arg(node.args, ref)),
+            str(torch.fx.map_arg(node.kwargs, ref)),
+        )
+        for node in sub.graph.nodes
+    )
+    sig = []
+    for val in fakes:
+        if isinstance(val, torch.Tensor):
+            sig.append((str(val.shape), str(val.stride()), val.dtype, str(val.device)))
+        else:
+            sig.append((type(val).__name__, str(val)))
+    return (ops, tuple(sig))
+
+
+def _runner(compiled: Callable[[list[Any]], Any], name: str) -> Callable[..., Any]:
+    def run(*args: Any) -> Any:
+        return compiled(list(args))
+
+    run.__name__ = run.__qualname__ = name
+    return run
+
+
+def _rewrite(
+    gm: torch.fx.GraphModule,
+    segment: Segment,
+    inputs: list[torch.fx.Node],
+    outputs: list[torch.fx.Node],
+    run: Callable[..., Any],
+) -> tuple[torch.fx.Node, list[str]]:
+    """Replace the segment's nodes by one call of ``run`` plus a getitem per output."""
+    graph = gm.graph
+    by_name = {n.name: n for n in graph.nodes}
+    members = [by_name[name] for name in segment.nodes]
+    inside = set(members)
+    last = members[-1]
+    with graph.inserting_after(last):
+        fused = graph.create_node("call_function", run, tuple(inputs), {}, name=segment.name)
+    fused.meta = {k: v for k, v in last.meta.items() if k != "val"}
+    fused.meta["val"] = tuple(n.meta.get("val") for n in outputs)
+    getitems = []
+    anchor = fused
+    for i, out in enumerate(outputs):
+        with graph.inserting_after(anchor):
+            item = graph.call_function(operator.getitem, (fused, i))
+        item.meta = dict(out.meta)
+        out.replace_all_uses_with(item, delete_user_cb=lambda user: user not in inside)
+        getitems.append(item.name)
+        anchor = item
+    for node in reversed(members):
+        graph.erase_node(node)
+    return fused, getitems
+
+
+def compile_segments(
+    gm: torch.fx.GraphModule,
+    segments: Sequence[Segment],
+    *,
+    graph_kind: str,
+    threads: int = 0,
+    strict: bool = False,
+) -> tuple[list[CompiledSegment], dict[str, tuple[str, list[str]]]]:
+    """Compile every segment and rewrite ``gm`` in place.
+
+    Returns the per-segment results and, for every fused node name of the original graph, the
+    fused node and getitems replacing it (what ``schedule.segments.substitute`` takes).
+    ``threads`` > 0 fixes the intra-op threads of generated CPU kernels.
+    """
+    from torch._guards import detect_fake_mode
+
+    results: list[CompiledSegment] = []
+    replaced: dict[str, tuple[str, list[str]]] = {}
+    shared: dict[tuple[Any, ...], tuple[Callable[[list[Any]], Any], tuple[str, ...]]] = {}
+    for segment in segments:
+        sub, inputs, outputs = segment_module(gm, segment)
+        fakes = [n.meta.get("val") for n in inputs]
+        start = time.perf_counter()
+        key = _key(sub, fakes)
+        try:
+            if key in shared:
+                compiled, kernels = shared[key]
+                cache = "shared"
+            else:
+                fake_mode = detect_fake_mode(fakes)
+                if fake_mode is None:
+                    raise RuntimeError("no fake tensor metadata on the segment's inputs")
+                compiled, kernels, cache = _compile(sub, fakes, fake_mode, graph_kind, threads)
+                shared[key] = (compiled, kernels)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+            where = (
+                f"max-autotune segment {segment.name} of the {graph_kind} graph "
+                f"(stream {segment.stream or 'main'}; nodes {', '.join(segment.nodes)})"
+            )
+            if strict:
+                raise PassError(
+                    f"Inductor could not compile {where}: {error}. Set "
+                    "debug.strict_max_autotune=False to run such segments as aten code.",
+                    pass_name=segment.name,
+                    stage=STAGE,
+                    graph_kind=graph_kind,
+                ) from exc
+            log.warning("airstream: %s runs as aten code; Inductor failed: %s", where, error)
+            results.append(CompiledSegment(segment, None, (), 0.0, "fallback", error))
+            continue
+        seconds = time.perf_counter() - start if cache != "shared" else 0.0
+        fused, getitems = _rewrite(gm, segment, inputs, outputs, _runner(compiled, segment.name))
+        result = CompiledSegment(segment, fused.name, kernels, seconds, cache)
+        fused.meta["air_segment"] = result
+        for member in segment.nodes:
+            replaced[member] = (fused.name, getitems)
+        results.append(result)
+    gm.graph.lint()
+    gm.recompile()
+    return results, replaced
+
+
+def fuse_streams(
+    gm: torch.fx.GraphModule,
+    plan: StreamPlan,
+    streams: StreamAssignment,
+    *,
+    graph_kind: str,
+    min_ops: int = 2,
+    threads_per_stream: int = 1,
+    strict: bool = False,
+) -> tuple[StreamPlan, StreamAssignment, tuple[CompiledSegment, ...]]:
+    """max-autotune on a planned graph: find each stream's segments, compile them, rewrite
+    ``gm`` in place; return the plan and streams of the rewritten graph (same syncs) and what
+    became of each segment. With side streams, CPU kernels use ``threads_per_stream`` threads."""
+    found = find_segments(gm, plan, min_ops)
+    multi = any(s.runs for s in plan.side_streams)
+    compiled, replaced = compile_segments(
+        gm,
+        found,
+        graph_kind=graph_kind,
+        threads=threads_per_stream if multi else 0,
+        strict=strict,
+    )
+    if replaced:
+        plan, streams = substitute(plan, streams, replaced)
+    return plan, streams, tuple(compiled)
