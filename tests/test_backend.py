@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -216,12 +217,15 @@ def test_input_mutation_kept_in_graph_and_matches_eager() -> None:
     assert count(gm, aten.copy_.default) == 1, "keep_inference_input_mutations keeps the copy_"
 
 
-def test_max_autotune_warns_until_implemented() -> None:
+def test_max_autotune_runs_without_warning() -> None:
     config = airstream.CompilerConfig()
     config.mode = "max-autotune"
-    compiled, _ = compile_model(Model(), config)
-    with pytest.warns(UserWarning, match="max-autotune.*not implemented yet"):
-        compiled(torch.randn(2, 2))
+    compiled, backend = compile_model(Model(), config)
+    x = torch.randn(2, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        assert_same(compiled(x), Model()(x), rtol=1e-5, atol=1e-5)
+    assert graph_of(backend, "inference").plan is not None
 
 
 def test_single_stream_ignores_labels() -> None:

@@ -25,7 +25,8 @@ install(verbose=False)
 import airstream
 with airstream.profile() as prof:
     runpy.run_path(sys.argv[1], run_name="__main__")
-print("JSON" + json.dumps([[e.name, e.stream] for e in prof.events]))
+# a max-autotune segment stands for the nodes it fused
+print("JSON" + json.dumps([[n, e.stream] for e in prof.events for n in (e.fused or [e.name])]))
 """
 
 
@@ -240,3 +241,13 @@ def test_pbtxt_dumps_as_txt_and_backend_factories() -> None:
     assert callable(torchair.get_compiler())
     with pytest.raises(TypeError, match="torchair CompilerConfig"):
         torchair.get_npu_backend(compiler_config=object())  # type: ignore[arg-type]
+
+
+def test_torchair_default_mode_is_airstreams_max_autotune() -> None:
+    from airstream.compat import torchair
+
+    config = torchair.CompilerConfig()
+    assert config.mode == "max-autotune"
+    assert config.airstream.mode == "max-autotune"
+    config.mode = "reduce-overhead"
+    assert config.airstream.mode == "reduce-overhead"

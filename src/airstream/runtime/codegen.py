@@ -27,5 +27,6 @@ def emit_op(
     if segment is None:
         graph.call_function(op_end, (trace, node.name, token))
     else:  # max-autotune: the profile says what the segment fused and which kernels ran
-        graph.call_function(op_end, (trace, node.name, token, segment.describe()))
+        details = (segment.describe(), segment.segment.nodes)
+        graph.call_function(op_end, (trace, node.name, token, *details))
     return new

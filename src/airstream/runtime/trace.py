@@ -67,7 +67,8 @@ def tracing_wanted() -> bool:
 @dataclass(frozen=True)
 class OpRecord:
     """One executed op: ``stream`` (None = main), FX node ``name``, host start/end in ns;
-    ``detail`` says what a max-autotune segment fused and its kernels (else ``""``)."""
+    ``detail`` says what a max-autotune segment fused and its kernels, ``fused`` names the
+    nodes it fused (else ``""`` and ``()``)."""
 
     stream: str | None
     name: str
@@ -76,6 +77,7 @@ class OpRecord:
     call: int
     thread: str
     detail: str = ""
+    fused: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -129,13 +131,17 @@ class StreamTrace:
             handle = torch.ops.profiler._record_function_enter_new(f"{self.prefix}:{name}", None)
         return now_ns(), handle
 
-    def op_end(self, name: str, token: tuple[int, Any], detail: str = "") -> None:
+    def op_end(
+        self, name: str, token: tuple[int, Any], detail: str = "", fused: tuple[str, ...] = ()
+    ) -> None:
         end = now_ns()
         start, handle = token
         if handle is not None:
             torch.ops.profiler._record_function_exit._RecordFunction(handle)
         thread = threading.current_thread().name
-        self.call.ops.append(OpRecord(self.label, name, start, end, self.call.call, thread, detail))
+        self.call.ops.append(
+            OpRecord(self.label, name, start, end, self.call.call, thread, detail, fused)
+        )
 
     def sync(self, kind: str, event: int, start: int) -> None:
         self.call.syncs.append(SyncRecord(kind, self.label, event, start, now_ns(), self.call.call))
@@ -146,6 +152,13 @@ def op_begin(trace: StreamTrace, name: str) -> tuple[int, Any]:
     return trace.op_begin(name)
 
 
-def op_end(trace: StreamTrace, name: str, token: tuple[int, Any], detail: str = "") -> None:
-    """Generated code: after an op (``detail``: a max-autotune segment's description)."""
-    trace.op_end(name, token, detail)
+def op_end(
+    trace: StreamTrace,
+    name: str,
+    token: tuple[int, Any],
+    detail: str = "",
+    fused: tuple[str, ...] = (),
+) -> None:
+    """Generated code: after an op (``detail``, ``fused``: a max-autotune segment's description
+    and the nodes it fused)."""
+    trace.op_end(name, token, detail, fused)

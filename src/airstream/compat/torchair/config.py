@@ -183,9 +183,11 @@ class CompilerConfig(_Group):
 
     def __init__(self) -> None:
         air = AirConfig()
-        # TorchAir's defaults where they differ from airstream's and have an effect here. The
-        # mode stays airstream's: max-autotune (Inductor segments) is not implemented yet.
+        # TorchAir's defaults where they differ from airstream's and have an effect here: the
+        # whole-graph compile of TorchAir's max-autotune is airstream's max-autotune (Inductor
+        # segments per stream).
         air.experimental_config.enable_view_optimize = True
+        air.mode = "max-autotune"
         super().__init__(air)
         self._values["mode"] = "max-autotune"
 
