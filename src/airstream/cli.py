@@ -56,7 +56,7 @@ def _bench(args: argparse.Namespace) -> int:
             tokens=args.tokens,
             hidden=args.hidden,
             rounds=args.rounds,
-            calls=args.calls or 5,
+            calls=args.calls or 20,
             inductor=not args.no_inductor,
             compile_times=not args.no_compile_time,
         )

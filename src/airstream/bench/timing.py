@@ -18,11 +18,14 @@ def interleaved_medians(
     rounds: int = 15,
     calls_per_round: int = 200,
     warmup: int = 20,
+    settle: int = 0,
 ) -> dict[str, float]:
     """Median seconds per call of each candidate, timed round-robin in one process.
 
     Each round times every candidate for ``calls_per_round`` calls, one after another, so drift
-    in machine load hits all of them alike.
+    in machine load hits all of them alike. ``settle`` untimed calls precede each candidate's
+    timed calls in every round, so that it does not pay for the state the previous candidate
+    left (OpenMP workers still spinning after a runner with more intra-op threads).
     """
     for fn in candidates.values():
         for _ in range(warmup):
@@ -30,6 +33,8 @@ def interleaved_medians(
     samples: dict[str, list[float]] = {name: [] for name in candidates}
     for _ in range(rounds):
         for name, fn in candidates.items():
+            for _ in range(settle):
+                fn()
             start = time.perf_counter()
             for _ in range(calls_per_round):
                 fn()
@@ -56,6 +61,7 @@ def checked_medians(
     calls_per_round: int,
     rtol: float = 1e-4,
     atol: float = 1e-4,
+    settle: int = 0,
 ) -> dict[str, float]:
     """Check every candidate's result against ``want``, then time them interleaved (no grad).
 
@@ -66,7 +72,11 @@ def checked_medians(
             for name, fn in candidates.items():
                 torch.testing.assert_close(fn(), want, rtol=rtol, atol=atol, msg=name)
             return interleaved_medians(
-                candidates, rounds=rounds, calls_per_round=calls_per_round, warmup=2
+                candidates,
+                rounds=rounds,
+                calls_per_round=calls_per_round,
+                warmup=2,
+                settle=settle,
             )
     finally:
         torch.set_num_threads(threads)
