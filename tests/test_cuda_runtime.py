@@ -117,12 +117,14 @@ def test_cuda_guide_example_matches_eager() -> None:
 @pytest.mark.cuda
 def test_cuda_streams_without_graphs_and_outputs_do_not_alias() -> None:
     config = airstream.CompilerConfig()
-    config.mode = "max-autotune"  # no CUDA graph: the stream executor itself
+    config.mode = "max-autotune"  # no CUDA graph: the stream executor, with Triton segments
+    config.experimental_config.min_segment_ops = 1
     w = torch.randn(256, 256, device="cuda")
     compiled, backend = compile_model(lambda x: _two_streams(x, w), config)
-    with pytest.warns(UserWarning):
-        first = compiled(torch.randn(256, 256, device="cuda"))
-    assert isinstance(graph_of(backend, "inference").executor, CudaExecutor)
+    first = compiled(torch.randn(256, 256, device="cuda"))
+    graph = graph_of(backend, "inference")
+    assert isinstance(graph.executor, CudaExecutor)
+    assert graph.segments and all(s.node is not None for s in graph.segments)
     x = torch.randn(256, 256, device="cuda")
     assert_same(compiled(x), _two_streams(x, w), rtol=1e-4, atol=1e-4)
     assert first[0].data_ptr() != compiled(x)[0].data_ptr()
