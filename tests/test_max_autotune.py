@@ -308,3 +308,19 @@ def test_dumps_and_explain_show_segments(tmp_path: object) -> None:
     )
     assert "max-autotune segments" in report and "compile s" in report
     assert "segment_side_0" in report
+
+
+def test_a_second_compile_reuses_inductors_cache() -> None:
+    """Inductor's FX graph cache (on disk, keyed by the segment's graph): what a later process
+    reuses too."""
+    x, buf = torch.randn(8, 32), torch.zeros(8, 32)
+    model = Branches()
+    compiled, _ = compile_model(model, _config())
+    with torch.no_grad():
+        compiled(x, buf.clone())
+    torch._dynamo.reset()
+    compiled, backend = compile_model(model, _config())
+    with torch.no_grad():
+        compiled(x, buf.clone())
+    segments = graph_of(backend, "inference").segments
+    assert segments and {s.cache for s in segments} == {"hit"}
