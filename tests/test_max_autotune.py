@@ -324,3 +324,26 @@ def test_a_second_compile_reuses_inductors_cache() -> None:
         compiled(x, buf.clone())
     segments = graph_of(backend, "inference").segments
     assert segments and {s.cache for s in segments} == {"hit"}
+
+
+def test_segment_outputs_keep_their_recorded_strides() -> None:
+    """Inductor prefers channels-last after a convolution; a segment's outputs are read by code
+    compiled for the recorded strides (here a view on the main stream), so they keep them."""
+
+    class Conv(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3, stride=2, padding=2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with airstream.stream("side"):
+                y = self.conv(x.unsqueeze(0))
+            return y.squeeze(0).reshape(4, -1).sum(1) * 2
+
+    model = Conv()
+    x = torch.randn(3, 5, 5)
+    compiled, backend = compile_model(model, _config())
+    with torch.no_grad():
+        assert_same(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    segments = graph_of(backend, "inference").segments
+    assert any("convolution" in " ".join(s.kernels) for s in segments)

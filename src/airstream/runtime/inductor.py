@@ -36,7 +36,14 @@ from airstream.schedule.plan import StreamPlan
 from airstream.schedule.segments import Segment, find_segments, substitute
 from airstream.schedule.streams import StreamAssignment
 
-__all__ = ["CompiledSegment", "compile_segments", "fuse_streams", "kernel_names", "segment_module"]
+__all__ = [
+    "CompiledSegment",
+    "SegmentOutput",
+    "compile_segments",
+    "fuse_streams",
+    "kernel_names",
+    "segment_module",
+]
 
 log = logging.getLogger("airstream")
 
@@ -93,11 +100,20 @@ def kernel_names(source: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+@dataclass(frozen=True)
+class SegmentOutput:
+    """One value a segment returns: ``node`` (a member), or element ``index`` of a member that
+    returns a tuple (read outside by ``getitem`` nodes, which then index the fused node)."""
+
+    node: torch.fx.Node
+    index: int | None = None
+
+
 def segment_module(
     gm: torch.fx.GraphModule, segment: Segment
-) -> tuple[torch.fx.GraphModule, list[torch.fx.Node], list[torch.fx.Node]]:
-    """The segment as its own GraphModule returning a tuple, with the outer nodes it reads
-    (its inputs, in order) and the outer nodes read after it (its outputs, in order)."""
+) -> tuple[torch.fx.GraphModule, list[torch.fx.Node], list[SegmentOutput]]:
+    """The segment as its own GraphModule returning a tuple of tensors, with the outer nodes it
+    reads (its inputs, in order) and what it returns (the values read after it, in order)."""
     by_name = {n.name: n for n in gm.graph.nodes}
     members = [by_name[name] for name in segment.nodes]
     inside = set(members)
@@ -115,9 +131,34 @@ def segment_module(
 
     for node in members:
         env[node] = graph.node_copy(node, arg)
-    outputs = [n for n in members if any(user not in inside for user in n.users)]
-    graph.output(tuple(env[n] for n in outputs))
+    outputs: list[SegmentOutput] = []
+    values: list[torch.fx.Node] = []
+    for node in members:
+        outside = [user for user in node.users if user not in inside]
+        if not outside:
+            continue
+        if isinstance(node.meta.get("val"), torch.Tensor):
+            outputs.append(SegmentOutput(node))
+            values.append(env[node])
+            continue
+        # a tuple (multi-output op) read after the segment: return the elements read
+        indices = sorted({_tuple_index(node, user) for user in outside})
+        for index in indices:
+            element = graph.call_function(operator.getitem, (env[node], index))
+            element.meta["val"] = node.meta["val"][index]
+            outputs.append(SegmentOutput(node, index))
+            values.append(element)
+    graph.output(tuple(values))
     return torch.fx.GraphModule(gm, graph, class_name="AirstreamSegment"), inputs, outputs
+
+
+def _tuple_index(node: torch.fx.Node, user: torch.fx.Node) -> int:
+    if user.target is operator.getitem and isinstance(user.args[1], int):
+        return user.args[1]
+    raise ValueError(
+        f"{user.name} reads the whole tuple {node.name} returns; only getitem of a tuple "
+        "can follow a segment"
+    )
 
 
 def _decompose(sub: torch.fx.GraphModule, fakes: Sequence[Any], fake_mode: Any) -> Any:
@@ -137,6 +178,23 @@ def _decompose(sub: torch.fx.GraphModule, fakes: Sequence[Any], fake_mode: Any) 
     return traced
 
 
+def _pin_output_strides(decomposed: torch.fx.GraphModule, sub: torch.fx.GraphModule) -> None:
+    """Every output of a segment is read by code compiled for its recorded strides (the next
+    segment, an aten op, the caller): make Inductor produce exactly those, as it does for a
+    graph's user-visible outputs, instead of a layout it prefers (channels-last after a
+    convolution)."""
+    (sub_output,) = sub.graph.find_nodes(op="output")
+    (output,) = decomposed.graph.find_nodes(op="output")
+    strides = [
+        val.stride()
+        if isinstance(val := getattr(arg, "meta", {}).get("val"), torch.Tensor)
+        else None
+        for arg in sub_output.args[0]
+    ]
+    output.meta["original_output_strides"] = strides
+    output.meta["user_visible_output_idxs"] = [i for i, s in enumerate(strides) if s is not None]
+
+
 def _compile(
     sub: torch.fx.GraphModule, fakes: Sequence[Any], fake_mode: Any, graph_kind: str, threads: int
 ) -> tuple[Callable[[list[Any]], Any], tuple[str, ...], str]:
@@ -147,6 +205,7 @@ def _compile(
     from torch._inductor.compile_fx import compile_fx_inner
 
     decomposed = _decompose(sub, fakes, fake_mode)
+    _pin_output_strides(decomposed, sub)
     patches: dict[str, Any] = {}
     if threads > 0:
         patches["cpp.threads"] = threads
@@ -201,10 +260,11 @@ def _rewrite(
     gm: torch.fx.GraphModule,
     segment: Segment,
     inputs: list[torch.fx.Node],
-    outputs: list[torch.fx.Node],
+    outputs: list[SegmentOutput],
     run: Callable[..., Any],
 ) -> tuple[torch.fx.Node, list[str]]:
-    """Replace the segment's nodes by one call of ``run`` plus a getitem per output."""
+    """Replace the segment's nodes by one call of ``run`` plus a getitem per tensor output;
+    outer getitems of a member's tuple index the call's result instead."""
     graph = gm.graph
     by_name = {n.name: n for n in graph.nodes}
     members = [by_name[name] for name in segment.nodes]
@@ -213,14 +273,22 @@ def _rewrite(
     with graph.inserting_after(last):
         fused = graph.create_node("call_function", run, tuple(inputs), {}, name=segment.name)
     fused.meta = {k: v for k, v in last.meta.items() if k != "val"}
-    fused.meta["val"] = tuple(n.meta.get("val") for n in outputs)
+    fused.meta["val"] = tuple(
+        out.node.meta.get("val") if out.index is None else out.node.meta["val"][out.index]
+        for out in outputs
+    )
     getitems = []
     anchor = fused
-    for i, out in enumerate(outputs):
+    for position, out in enumerate(outputs):
+        if out.index is not None:  # the outer getitems now index the fused result
+            for user in [u for u in out.node.users if u not in inside]:
+                if user.args[1] == out.index:
+                    user.args = (fused, position)
+            continue
         with graph.inserting_after(anchor):
-            item = graph.call_function(operator.getitem, (fused, i))
-        item.meta = dict(out.meta)
-        out.replace_all_uses_with(item, delete_user_cb=lambda user: user not in inside)
+            item = graph.call_function(operator.getitem, (fused, position))
+        item.meta = dict(out.node.meta)
+        out.node.replace_all_uses_with(item, delete_user_cb=lambda user: user not in inside)
         getitems.append(item.name)
         anchor = item
     for node in reversed(members):
@@ -248,11 +316,11 @@ def compile_segments(
     replaced: dict[str, tuple[str, list[str]]] = {}
     shared: dict[tuple[Any, ...], tuple[Callable[[list[Any]], Any], tuple[str, ...]]] = {}
     for segment in segments:
-        sub, inputs, outputs = segment_module(gm, segment)
-        fakes = [n.meta.get("val") for n in inputs]
         start = time.perf_counter()
-        key = _key(sub, fakes)
         try:
+            sub, inputs, outputs = segment_module(gm, segment)
+            fakes = [n.meta.get("val") for n in inputs]
+            key = _key(sub, fakes)
             if key in shared:
                 compiled, kernels = shared[key]
                 cache = "shared"
