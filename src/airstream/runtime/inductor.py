@@ -182,7 +182,8 @@ def _pin_output_strides(decomposed: torch.fx.GraphModule, sub: torch.fx.GraphMod
     """Every output of a segment is read by code compiled for its recorded strides (the next
     segment, an aten op, the caller): make Inductor produce exactly those, as it does for a
     graph's user-visible outputs, instead of a layout it prefers (channels-last after a
-    convolution)."""
+    convolution). Inductor's FX graph cache key does not cover this metadata; the strides are a
+    function of the segment's ops and input layouts, which it does cover."""
     (sub_output,) = sub.graph.find_nodes(op="output")
     (output,) = decomposed.graph.find_nodes(op="output")
     strides = [
