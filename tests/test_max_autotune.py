@@ -347,3 +347,22 @@ def test_segment_outputs_keep_their_recorded_strides() -> None:
         assert_same(compiled(x), model(x), rtol=1e-4, atol=1e-4)
     segments = graph_of(backend, "inference").segments
     assert any("convolution" in " ".join(s.kernels) for s in segments)
+
+
+def test_a_wait_between_segment_members_still_follows_its_value() -> None:
+    """Found by the fuzzer: a wait on a same-stream tensor is no sync, so the segment spans it,
+    and the wait, which reads a member, must still come after the fused node in the graph."""
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        with airstream.stream("s"):
+            a = x.sin()
+            airstream.ops.wait([a])
+            b = (a * 2).cos()
+        return b + 1
+
+    x = torch.randn(6)
+    compiled, backend = compile_model(model, _config())
+    assert_same(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    graph = graph_of(backend, "inference")
+    (seg,) = [s for s in graph.segments if s.segment.stream == "s"]
+    assert seg.segment.ops >= 3

@@ -8,7 +8,7 @@ cache makes a later process reuse the artifacts; within a graph, segments with t
 the same input shapes share one compile (the experts of an MoE layer compile once).
 
 The graph is then rewritten: a call of the compiled segment replaces the segment's nodes at the
-place of its last node, and ``getitem`` nodes unpack its outputs. The fused node carries
+place of its first node, and ``getitem`` nodes unpack its outputs. The fused node carries
 ``meta["air_segment"]`` (a CompiledSegment: the nodes it fused, the kernels Inductor generated,
 the compile time) for dumps, the profiler and ``explain``.
 
@@ -270,8 +270,11 @@ def _rewrite(
     by_name = {n.name: n for n in graph.nodes}
     members = [by_name[name] for name in segment.nodes]
     inside = set(members)
-    last = members[-1]
-    with graph.inserting_after(last):
+    # At the first member's place: every input is defined before it (a same-stream producer
+    # between members would be a member, one from another stream would need a wait, which ends
+    # a segment), and markers or waits that sit between members and read one still come after.
+    first, last = members[0], members[-1]
+    with graph.inserting_before(first):
         fused = graph.create_node("call_function", run, tuple(inputs), {}, name=segment.name)
     fused.meta = {k: v for k, v in last.meta.items() if k != "val"}
     fused.meta["val"] = tuple(

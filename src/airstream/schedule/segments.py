@@ -135,13 +135,15 @@ def substitute(
 ) -> tuple[StreamPlan, StreamAssignment]:
     """The plan and stream assignment after fusing segments.
 
-    ``replaced`` maps every node name of a fused segment to ``(fused node, its getitem nodes)``.
-    The fused node takes the place of the segment's last step (in each stream's program and in
-    the global ``sequence``), its getitems right after it; the segment's other steps go.
+    ``replaced`` maps every node name of a fused segment (in graph order) to ``(fused node, its
+    getitem nodes)``. The fused node takes the place of the segment's last step (in each stream's
+    program and in the global ``sequence``), its getitems right after it; the segment's other
+    steps go. In the stream assignment it sits where the segment's first node was, as in the
+    graph.
     """
-    last_of: dict[str, str] = {}
+    first_of: dict[str, str] = {}
     for name, (fused, _) in replaced.items():
-        last_of[fused] = name  # graph order: the last member seen wins
+        first_of.setdefault(fused, name)  # graph order: the fused node sits at the first member
     members: dict[str, list[str]] = {}
     for name, (fused, _) in replaced.items():
         members.setdefault(fused, []).append(name)
@@ -191,7 +193,7 @@ def substitute(
     for name, label in streams.stream_of.items():
         if name in replaced:
             fused, getitems = replaced[name]
-            if name == last_of[fused]:
+            if name == first_of[fused]:
                 stream_of[fused] = label
                 stream_of.update(dict.fromkeys(getitems, label))
             continue
