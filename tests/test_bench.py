@@ -84,6 +84,7 @@ def test_modes_report_structure() -> None:
         "airstream reduce-overhead 2 streams",
         "airstream max-autotune 1 stream",
         "airstream max-autotune 2 streams",
+        "hand-written threads (Inductor parts)",
     }
     assert report["segments"]["airstream reduce-overhead 2 streams"] == 0
     # one segment per branch (and the join) on 2 streams: every branch's chain is fused

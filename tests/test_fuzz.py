@@ -51,7 +51,7 @@ def test_a_hang_fails_instead_of_blocking() -> None:
     never.set()
 
 
-@settings(max_examples=12, deadline=None, derandomize=True)
+@settings(max_examples=40, deadline=None, derandomize=True)
 @given(st.randoms(use_true_random=False))
 def test_random_stream_programs_under_max_autotune_match_the_aten_path(rng: random.Random) -> None:
     program = fuzz.draw_program(rng, max_steps=16)
