@@ -1,9 +1,12 @@
 """Ordering requirements of a graph beyond program order: which earlier nodes each node needs.
 
-Four sources (DESIGN.md section 3): data edges, control edges (``wait``, ``wait_tensor``),
+Five sources (DESIGN.md section 3): data edges, control edges (``wait``, ``wait_tensor``),
 mutation (a write runs after every earlier reader and writer of the same storage, and a read after
-the last earlier write) and RNG (ops drawing from the global generator keep graph order). The
-planner turns the cross-stream ones into event syncs.
+the last earlier write), RNG (ops drawing from the global generator keep graph order) and
+collectives (``torch.distributed`` functional collectives are issued in graph order on whatever
+streams they run, so every rank issues them in the same order and no placement can pair one
+rank's all_reduce with another rank's all_gather). The planner turns the cross-stream ones into
+event syncs.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import torch.fx
 
 from airstream.ops.library import record, scope_enter, scope_exit, wait, wait_tensor
 
-__all__ = ["Requirement", "is_executed", "requirements"]
+__all__ = ["COLLECTIVE_NAMESPACES", "Requirement", "is_collective", "is_executed", "requirements"]
 
 
 @dataclass(frozen=True)
@@ -25,7 +28,7 @@ class Requirement:
     """``node`` must not start before ``before`` has completed, because of ``reason``."""
 
     before: torch.fx.Node
-    reason: str  # "data", "control", "mutation" or "rng"
+    reason: str  # "data", "control", "mutation", "rng" or "collective"
 
 
 def is_executed(node: torch.fx.Node) -> bool:
@@ -76,6 +79,20 @@ def _is_random(node: torch.fx.Node) -> bool:
     )
 
 
+COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional"})
+
+
+def is_collective(node: torch.fx.Node) -> bool:
+    """A functional collective that starts communication (not its ``wait_tensor``)."""
+    target = node.target
+    return (
+        node.op == "call_function"
+        and isinstance(target, torch._ops.OpOverload)
+        and target.namespace in COLLECTIVE_NAMESPACES
+        and target._opname != "wait_tensor"
+    )
+
+
 def requirements(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[Requirement]]:
     """For every executed node and every ``wait`` node, what must complete before it.
 
@@ -86,6 +103,7 @@ def requirements(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[Requirement]
     last_write: dict[torch.fx.Node, torch.fx.Node] = {}
     reads_since_write: dict[torch.fx.Node, list[torch.fx.Node]] = {}
     last_random: torch.fx.Node | None = None
+    last_collective: torch.fx.Node | None = None
     out: dict[torch.fx.Node, list[Requirement]] = {}
 
     def storage(n: torch.fx.Node) -> torch.fx.Node:
@@ -130,5 +148,9 @@ def requirements(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[Requirement]
             if last_random is not None:
                 reqs.append(Requirement(last_random, "rng"))
             last_random = node
+        if is_collective(node):
+            if last_collective is not None:
+                reqs.append(Requirement(last_collective, "collective"))
+            last_collective = node
         out[node] = [r for r in reqs if r.before is not node]
     return out

@@ -64,7 +64,8 @@ Step = Run | Record | Wait
 class Sync:
     """One cross-stream wait in the plan and why it is there.
 
-    ``reason`` is ``data``, ``mutation``, ``rng`` or ``join`` for syncs the planner added, and
+    ``reason`` is ``data``, ``mutation``, ``rng``, ``collective`` or ``join`` for syncs the
+    planner added, and
     ``control`` for the user's ``wait``/``wait_tensor`` edges.
     """
 
