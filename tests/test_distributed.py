@@ -52,24 +52,61 @@ def _model(w1: torch.Tensor, w2: torch.Tensor) -> Any:
     return model
 
 
-def _worker(rank: int, port: int, mode: str, results: Any) -> None:
+def _streams_case(rank: int, mode: str) -> tuple[Any, ...]:
+    import airstream
+
+    config = airstream.CompilerConfig()
+    if mode == "run_eagerly":
+        config.debug.run_eagerly = True
+    else:
+        config.mode = mode
+    backend = airstream.get_backend(config)
+    compiled = torch.compile(_model(*_weights()), backend=backend, fullgraph=True)
+    outs = [compiled(_input(rank)) for _ in range(3)]
+    plan = backend.graphs[-1].plan
+    reasons = sorted({s.reason for s in plan.syncs})
+    streams = sorted(str(s.label) for s in plan.streams if s.runs)
+    return [o.tolist() for o in outs], reasons, streams
+
+
+def _tp_case(rank: int, train: bool) -> tuple[Any, ...]:
+    import airstream
+    from airstream.bench.tp import TPModel
+
+    config = airstream.CompilerConfig()
+    config.post_grad_custom_pre_pass = airstream.passes.overlap_communication()
+    backend = airstream.get_backend(config)
+    model = TPModel(2, 32, rank, WORLD)
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    x = _input(0).repeat(1, 2).requires_grad_(train)  # the same input on every rank
+    if not train:
+        with torch.no_grad():
+            out = compiled(x)
+        graph = backend.graphs[-1]
+        on_comm = sorted(
+            str(n.target)
+            for n in graph.graph_module.graph.nodes
+            if graph.streams.stream_of.get(n.name) == "comm" and "c10d" in str(n.target)
+        )
+        return out.tolist(), on_comm
+    compiled(x).square().sum().backward()
+    grads = {name: p.grad.tolist() for name, p in model.named_parameters()}
+    return grads, x.grad.tolist()
+
+
+def _worker(rank: int, port: int, case: str, results: Any) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
-        import airstream
-
-        config = airstream.CompilerConfig()
-        config.mode = mode
-        backend = airstream.get_backend(config)
-        compiled = torch.compile(_model(*_weights()), backend=backend, fullgraph=True)
-        outs = [compiled(_input(rank)) for _ in range(3)]
-        plan = backend.graphs[-1].plan
-        reasons = sorted({s.reason for s in plan.syncs})
-        streams = sorted(str(s.label) for s in plan.streams if s.runs)
-        results.put((rank, [o.tolist() for o in outs], reasons, streams, None))
+        if case.startswith("streams:"):
+            out: tuple[Any, ...] = _streams_case(rank, case.split(":", 1)[1])
+        else:
+            out = _tp_case(rank, train=case == "tp-train")
+        results.put((rank, *out, None))
     except BaseException as exc:  # reported to the test, which fails with it
-        results.put((rank, None, None, None, repr(exc)))
+        results.put((rank, repr(exc)))
     finally:
         dist.destroy_process_group()
 
@@ -82,18 +119,20 @@ def _reference() -> torch.Tensor:
     return a * 2 + c
 
 
-def _run(mode: str) -> dict[int, tuple[Any, ...]]:
+def _run(case: str) -> dict[int, tuple[Any, ...]]:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, port, mode, results)) for r in range(WORLD)]
+    procs = [ctx.Process(target=_worker, args=(r, port, case, results)) for r in range(WORLD)]
     for p in procs:
         p.start()
     out = {}
     try:
         for _ in range(WORLD):
             rank, *rest = results.get(timeout=TIMEOUT_S)
-            out[rank] = tuple(rest)
+            if len(rest) == 1:
+                raise AssertionError(f"rank {rank} failed: {rest[0]}")
+            out[rank] = tuple(rest[:-1])
     finally:
         for p in procs:
             p.join(timeout=10)
@@ -102,15 +141,67 @@ def _run(mode: str) -> dict[int, tuple[Any, ...]]:
     return out
 
 
-@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune", "run_eagerly"])
 def test_collectives_on_two_streams_match_a_single_process(mode: str) -> None:
-    got = _run(mode)
+    got = _run(f"streams:{mode}")
     want = _reference()
     for rank in range(WORLD):
-        outs, reasons, streams, error = got[rank]
-        assert error is None, f"rank {rank}: {error}"
+        outs, reasons, streams = got[rank]
+        if mode == "run_eagerly":  # the serial reference executor: same plan, one thread
+            streams = ["None", "comm"]
         assert streams == ["None", "comm"], streams
         # the second collective (main) is issued after the first (comm) on every rank
         assert "collective" in reasons, reasons
         for out in outs:
             torch.testing.assert_close(torch.tensor(out), want, rtol=1e-4, atol=1e-4)
+
+
+def test_overlap_communication_on_a_tensor_parallel_stack_matches_one_process() -> None:
+    from airstream.bench.tp import TPReference
+
+    got = _run("tp-infer")
+    x = _input(0).repeat(1, 2)
+    want = TPReference(2, 32)(x)
+    for rank in range(WORLD):
+        out, on_comm = got[rank]
+        torch.testing.assert_close(torch.tensor(out), want, rtol=1e-4, atol=1e-4)
+        # both layers' all_reduce and its wait run on the communication stream
+        assert on_comm.count("_c10d_functional.all_reduce.default") == 2, on_comm
+        assert on_comm.count("_c10d_functional.wait_tensor.default") == 2, on_comm
+
+
+def test_a_training_step_over_two_ranks_gives_the_single_process_gradients() -> None:
+    from airstream.bench.tp import TPReference, layer_weights
+
+    got = _run("tp-train")
+    # the reference: full weights as leaves, the same loss
+    weights = [
+        {k: v.clone().requires_grad_(True) for k, v in layer_weights(i, 32).items()}
+        for i in range(2)
+    ]
+    ref = TPReference(2, 32)
+    ref.weights = weights
+    x = _input(0).repeat(1, 2).requires_grad_(True)
+    ref(x).square().sum().backward()
+    rows = 4 * 32 // WORLD
+    for rank in range(WORLD):
+        grads, x_grad = got[rank]
+        torch.testing.assert_close(torch.tensor(x_grad), x.grad, rtol=1e-4, atol=1e-4)
+        part = slice(rank * rows, (rank + 1) * rows)
+        for i, w in enumerate(weights):
+            want = {
+                "w1": w["w1"].grad[part],
+                "b1": w["b1"].grad[part],
+                "w2": w["w2"].grad[:, part],
+                "b2": w["b2"].grad,
+                "branch.weight": w["wb"].grad,
+                "branch.bias": w["bb"].grad,
+            }
+            for name, value in want.items():
+                torch.testing.assert_close(
+                    torch.tensor(grads[f"layers.{i}.{name}"]),
+                    value,
+                    rtol=1e-4,
+                    atol=1e-4,
+                    msg=f"rank {rank} layers.{i}.{name}",
+                )

@@ -29,7 +29,10 @@ def _bench(args: argparse.Namespace) -> int:
         from airstream.bench.batched import run_batched
 
         report = run_batched(
-            tokens=args.tokens, hidden=args.hidden, rounds=args.rounds, calls=args.calls or 5
+            tokens=args.tokens or 8,
+            hidden=args.hidden or 1024,
+            rounds=args.rounds,
+            calls=args.calls or 5,
         )
         fastest = min(report["ms"].values())
         text = (
@@ -47,14 +50,26 @@ def _bench(args: argparse.Namespace) -> int:
         text = f"stream passes on a {report['nodes']}-node graph:\n" + "\n".join(
             f"  {name:<24}{seconds:.3f} s" for name, seconds in report["seconds"].items()
         )
+    elif args.name == "tp":
+        from airstream.bench.tp import format_tp, run_tp
+
+        report = run_tp(
+            nproc=args.nproc,
+            layers=args.layers,
+            tokens=args.tokens or 64,
+            hidden=args.hidden or 256,
+            rounds=args.rounds,
+            calls=args.calls or 10,
+        )
+        text = format_tp(report)
     elif args.mode is not None or args.name == "branches-pointwise":
         from airstream.bench.modes import MODES, format_modes, run_modes
 
         report = run_modes(
             args.name,
             modes=MODES if args.mode in (None, "both") else (args.mode,),
-            tokens=args.tokens,
-            hidden=args.hidden,
+            tokens=args.tokens or 8,
+            hidden=args.hidden or 1024,
             rounds=args.rounds,
             calls=args.calls or 20,
             inductor=not args.no_inductor,
@@ -66,8 +81,8 @@ def _bench(args: argparse.Namespace) -> int:
 
         report = run_suite(
             args.name,
-            tokens=args.tokens,
-            hidden=args.hidden,
+            tokens=args.tokens or 8,
+            hidden=args.hidden or 1024,
             rounds=args.rounds,
             calls=args.calls or 5,
             inductor=not args.no_inductor,
@@ -78,8 +93,8 @@ def _bench(args: argparse.Namespace) -> int:
 
         report = run_moe(
             experts=args.experts,
-            tokens=args.tokens,
-            hidden=args.hidden,
+            tokens=args.tokens or 8,
+            hidden=args.hidden or 1024,
             rounds=args.rounds,
             calls=args.calls or 5,
             inductor=not args.no_inductor,
@@ -269,13 +284,15 @@ def build_parser() -> argparse.ArgumentParser:
             "passes",
             "batched-experts",
             "branches-pointwise",
+            "tp",
         ],
         help="overhead: per-op cost vs fx.GraphModule and one side stream's cost; "
         "moe: a dense MoE block, eager vs Inductor vs airstream on 1 and 2 streams "
         "(--passes: the stream passes instead); moe-shared, branches, mlp: each model with "
         "the stream passes that apply to it; passes: how long each pass takes on 5,000 nodes; "
         "branches-pointwise (and moe with --mode): reduce-overhead vs max-autotune on 1 and 2 "
-        "streams next to eager and Inductor, with compile times",
+        "streams next to eager and Inductor, with compile times; tp: a tensor-parallel MLP "
+        "stack over --nproc gloo ranks, eager vs airstream 1 stream vs overlap_communication",
     )
     bench.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
     bench.add_argument(
@@ -283,8 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--ops", type=int, default=200, help="overhead: ops in the chain")
     bench.add_argument("--experts", type=int, default=8, help="moe: experts E (default 8)")
-    bench.add_argument("--tokens", type=int, default=8, help="moe: tokens B (default 8)")
-    bench.add_argument("--hidden", type=int, default=1024, help="moe: hidden size H (default 1024)")
+    bench.add_argument("--tokens", type=int, default=None, help="tokens B (default 8; tp 64)")
+    bench.add_argument(
+        "--hidden", type=int, default=None, help="hidden size H (default 1024; tp 256)"
+    )
     bench.add_argument("--no-inductor", action="store_true", help="skip the Inductor runner")
     bench.add_argument(
         "--passes", action="store_true", help="moe: time the stream passes (moe_experts, ...)"
@@ -300,6 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="--mode: skip the compile-time measurements (fresh processes, cold/warm cache)",
     )
+    bench.add_argument("--nproc", type=int, default=2, help="tp: ranks to spawn (default 2)")
+    bench.add_argument("--layers", type=int, default=4, help="tp: layers (default 4)")
     bench.add_argument("--json", action="store_true", help="print the report as JSON")
     bench.set_defaults(func=_bench)
     return parser

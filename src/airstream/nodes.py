@@ -6,7 +6,40 @@ import re
 
 import torch.fx
 
-__all__ = ["describe", "source_line", "target_name"]
+__all__ = [
+    "COLLECTIVE_NAMESPACES",
+    "describe",
+    "is_collective",
+    "is_collective_wait",
+    "source_line",
+    "target_name",
+]
+
+# torch.distributed functional collectives (``torch.distributed._functional_collectives``)
+COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional"})
+
+
+def _collective_op(node: torch.fx.Node) -> str | None:
+    target = node.target
+    if (
+        node.op == "call_function"
+        and isinstance(target, torch._ops.OpOverload)
+        and target.namespace in COLLECTIVE_NAMESPACES
+    ):
+        return target._opname
+    return None
+
+
+def is_collective(node: torch.fx.Node) -> bool:
+    """A functional collective that starts communication (all_reduce, ...; not its wait)."""
+    name = _collective_op(node)
+    return name is not None and name != "wait_tensor"
+
+
+def is_collective_wait(node: torch.fx.Node) -> bool:
+    """The ``wait_tensor`` that completes a functional collective."""
+    return _collective_op(node) == "wait_tensor"
+
 
 _FRAME = re.compile(
     r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)\n(?P<code>[^\n]*)'

@@ -4,6 +4,7 @@ from airstream.passes.auto import (
     AutoStreamsDecision,
     auto_streams,
     moe_experts,
+    overlap_communication,
     shared_expert_overlap,
 )
 from airstream.passes.manager import STAGES, PassManager, PassResult, PassSpec, pass_name
@@ -16,6 +17,7 @@ __all__ = [
     "auto_streams",
     "module_paths",
     "moe_experts",
+    "overlap_communication",
     "place_on_stream",
     "select_nodes",
     "shared_expert_overlap",

@@ -19,7 +19,8 @@ from typing import Any
 import torch.fx
 
 from airstream.config import CompilerConfig
-from airstream.errors import PassError
+from airstream.errors import PassError, StreamError
+from airstream.nodes import is_collective
 from airstream.passes.builtin import BUILTIN_PASSES
 from airstream.passes.meta import check_meta, fill_meta
 from airstream.passes.regions import air_layout
@@ -138,6 +139,7 @@ class PassManager:
     ) -> PassResult:
         before_nodes = set(gm.graph.nodes)
         layout = air_layout(gm.graph) if spec.stage == BUILTIN else None
+        collectives = _collective_order(gm.graph)
         start = time.perf_counter()
         try:
             spec.fn(gm, example_inputs, self.config)
@@ -158,6 +160,8 @@ class PassManager:
                 f"left a graph that cannot be compiled: {type(exc).__name__}: {exc}",
                 gm,
             ) from exc
+        if collectives:
+            _check_collective_order(spec, kind, collectives, _collective_order(gm.graph))
         if layout is not None:
             moved = air_layout(gm.graph).moved_since(layout)
             if moved:
@@ -174,3 +178,26 @@ class PassManager:
         )
         log.debug("%s", result)
         return result
+
+
+def _collective_order(graph: torch.fx.Graph) -> list[str]:
+    """The collectives of ``graph`` by name, in graph order (their issue order)."""
+    return [node.name for node in graph.nodes if is_collective(node)]
+
+
+def _check_collective_order(spec: PassSpec, kind: str, before: list[str], after: list[str]) -> None:
+    """Collectives must keep Dynamo's order: it is the same on every rank, and the planner issues
+    them in graph order whatever their streams. A pass that moves one across another could make
+    ranks pair different collectives (a hang or a silently wrong sum)."""
+    kept = set(before) & set(after)
+    old = [name for name in before if name in kept]
+    new = [name for name in after if name in kept]
+    if old == new:
+        return
+    first = next(i for i, (a, b) in enumerate(zip(old, new, strict=True)) if a != b)
+    raise StreamError(
+        f"pass {spec.name!r} (stage {spec.stage}) on the {kind} graph reordered collectives: "
+        f"{new[first]!r} now comes before {old[first]!r}. Every rank must issue collectives in "
+        "the same order, and airstream issues them in graph order whatever their streams; put "
+        "collectives on streams (scope_enter/scope_exit, place_on_stream) without moving them."
+    )

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
+from airstream.nodes import is_collective
 from airstream.ops.library import record, scope_enter, scope_exit, wait, wait_tensor
 
-__all__ = ["COLLECTIVE_NAMESPACES", "Requirement", "is_collective", "is_executed", "requirements"]
+__all__ = ["Requirement", "is_executed", "requirements"]
 
 
 @dataclass(frozen=True)
@@ -76,20 +77,6 @@ def _is_random(node: torch.fx.Node) -> bool:
     target = node.target
     return isinstance(target, torch._ops.OpOverload) and (
         torch.Tag.nondeterministic_seeded in target.tags
-    )
-
-
-COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional"})
-
-
-def is_collective(node: torch.fx.Node) -> bool:
-    """A functional collective that starts communication (not its ``wait_tensor``)."""
-    target = node.target
-    return (
-        node.op == "call_function"
-        and isinstance(target, torch._ops.OpOverload)
-        and target.namespace in COLLECTIVE_NAMESPACES
-        and target._opname != "wait_tensor"
     )
 
 
