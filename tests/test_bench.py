@@ -91,3 +91,20 @@ def test_modes_report_structure() -> None:
     assert report["segments"]["airstream max-autotune 2 streams"] >= 4
     assert report["streams_used"]["airstream max-autotune 2 streams"] == 2
     assert "max-autotune" in format_modes(report)
+
+
+@pytest.mark.distributed
+def test_tp_report_structure() -> None:
+    from airstream.bench.tp import format_tp, run_tp
+
+    report = run_tp(nproc=2, layers=1, tokens=4, hidden=16, rounds=1, calls=1)
+    assert set(report["ms"]) == {
+        "eager",
+        "airstream 1 stream",
+        "airstream overlap_communication",
+        "airstream overlap_communication(producers=False)",
+    }
+    assert set(report["ms_by_rank"]) == {0, 1}
+    assert report["streams"]["airstream overlap_communication"] == ["None", "comm"]
+    assert report["profiles_rank0"]["airstream 1 stream"]["wait_tensor_us"] > 0
+    assert "vs 1 stream" in format_tp(report)

@@ -175,15 +175,28 @@ def _rank_bench(
     with torch.no_grad():
         want = TPReference(layers, hidden)(x)
     medians = checked_medians(runners, want, rounds=rounds, calls_per_round=calls, settle=1)
-    with torch.no_grad(), profile() as prof:
-        runners["airstream overlap_communication"]()
+    profiles = {}
+    for name in backends:  # one profiled call each: where the time goes
+        with torch.no_grad(), profile() as prof:
+            runners[name]()
+        comm_wait = sum(
+            r.end_ns - r.start_ns for r in prof.events if r.name.startswith("wait_tensor")
+        )
+        profiles[name] = {
+            "wall_us": prof.wall_ns / 1e3,
+            "wait_tensor_us": comm_wait / 1e3,
+            "streams": {
+                str(label): {"busy_us": st.busy_ns / 1e3, "blocked_us": st.blocked_ns / 1e3}
+                for label, st in prof.stats().items()
+            },
+        }
     return {
         "ms": {k: v * 1e3 for k, v in medians.items()},
         "streams": {
             name: sorted(str(s.label) for s in b.graphs[-1].plan.streams if s.runs)
             for name, b in backends.items()
         },
-        "profile": prof.summary(),
+        "profiles": profiles,
     }
 
 
@@ -241,12 +254,12 @@ def run_tp(
         "ms_by_rank": {r: rep["ms"] for r, rep in sorted(by_rank.items())},
         "speedup_vs_1_stream": {k: base / v for k, v in by_rank[0]["ms"].items()},
         "streams": by_rank[0]["streams"],
-        "profile_rank0": by_rank[0]["profile"],
+        "profiles_rank0": by_rank[0]["profiles"],
     }
 
 
 def format_tp(report: dict[str, Any]) -> str:
-    """The report as a table, then rank 0's profile of the overlapped run."""
+    """The report as a table, then rank 0's profile of one call of each airstream runner."""
     lines = [
         f"tp: {report['nproc']} ranks (gloo, localhost, 1 intra-op thread each), "
         f"{report['layers']} layers, B={report['tokens']}, H={report['hidden']}; "
@@ -256,6 +269,17 @@ def format_tp(report: dict[str, Any]) -> str:
     ]
     for name, ms in report["ms"].items():
         lines.append(f"{name:<52}{ms:>9.2f}{report['speedup_vs_1_stream'][name]:>12.2f}x")
-    lines.append("rank 0, one overlapped call (airstream.profile):")
-    lines.append(report["profile_rank0"])
+    lines.append(
+        "rank 0, one profiled call each (airstream.profile): wall, time inside the collectives' "
+        "wait_tensor, and per stream busy / blocked (us):"
+    )
+    for name, prof in report["profiles_rank0"].items():
+        streams = ", ".join(
+            f"{label if label != 'None' else 'main'} {st['busy_us']:.0f}/{st['blocked_us']:.0f}"
+            for label, st in prof["streams"].items()
+        )
+        lines.append(
+            f"  {name:<50} wall {prof['wall_us']:>7.0f}  wait_tensor {prof['wait_tensor_us']:>6.0f}"
+            f"  {streams}"
+        )
     return "\n".join(lines)
