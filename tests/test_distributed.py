@@ -254,3 +254,31 @@ def test_all_gather_reduce_scatter_all_to_all_and_all_reduce_on_three_streams() 
             assert result[mode] < 1e-5, (rank, mode, result)
             # 4 collectives on 3 streams: each issued after the previous one
             assert result[mode + " collective syncs"] == 3, (rank, mode, result)
+
+
+def test_the_tp_example_runs_under_torchrun() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(root / "examples" / "tp_overlap.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+        cwd=root,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    for rank in range(WORLD):
+        assert f"rank {rank}/2: result equals the single-process model: True" in result.stdout
+    assert "comm" in result.stdout  # rank 0 printed the plan with the communication stream
