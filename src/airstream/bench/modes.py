@@ -32,7 +32,7 @@ import torch
 
 from airstream.backend import get_backend
 from airstream.bench.moe import MoE, split_experts
-from airstream.bench.timing import checked_medians, with_threads
+from airstream.bench.timing import checked_medians, run_conditions, with_threads
 from airstream.config import CompilerConfig
 
 __all__ = [
@@ -187,10 +187,7 @@ def run_modes(
         "model": name,
         "tokens": tokens,
         "hidden": hidden,
-        "cores": os.cpu_count(),
-        "torch": torch.__version__,
-        "rounds": rounds,
-        "calls_per_round": calls,
+        **run_conditions(rounds, calls),
         "ms": {k: v * 1e3 for k, v in medians.items()},
         "segments": segments,
         "streams_used": {

@@ -15,7 +15,6 @@ summed (dense, so deterministic). Runners, timed interleaved with medians:
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -24,7 +23,7 @@ from typing import Any
 import torch
 
 from airstream.backend import get_backend
-from airstream.bench.timing import checked_medians, with_threads
+from airstream.bench.timing import checked_medians, run_conditions, with_threads
 from airstream.config import CompilerConfig
 from airstream.ops.library import STREAM_LABEL_KEY, scope_enter, scope_exit
 
@@ -169,10 +168,7 @@ def run_moe(
         "tokens": tokens,
         "hidden": hidden,
         "dtype": "float32",
-        "cores": os.cpu_count(),
-        "torch": torch.__version__,
-        "rounds": rounds,
-        "calls_per_round": calls,
+        **run_conditions(rounds, calls),
         "plan": plan.summary(),
         "ms": {name: t * 1e3 for name, t in medians.items()},
         "speedup_2_streams_vs_best_default": baseline / medians["airstream 2 streams"],

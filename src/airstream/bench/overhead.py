@@ -19,7 +19,6 @@ thread and a lock back), no compiler involved.
 from __future__ import annotations
 
 import _thread
-import os
 import queue
 import threading
 from typing import Any
@@ -28,7 +27,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from airstream.backend import get_backend
-from airstream.bench.timing import interleaved_medians
+from airstream.bench.timing import interleaved_medians, run_conditions
 
 __all__ = ["run_overhead"]
 
@@ -85,10 +84,7 @@ def _measure(ops: int, rounds: int, calls: int) -> dict[str, Any]:
         "us_profiler_check_per_call": _profiler_check_cost(),
         "benchmark": "overhead",
         "ops": ops,
-        "cores": os.cpu_count(),
-        "torch": torch.__version__,
-        "rounds": rounds,
-        "calls_per_round": calls,
+        **run_conditions(rounds, calls),
         "results": {
             name: {
                 "us_per_call": t * 1e6,

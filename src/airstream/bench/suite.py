@@ -5,7 +5,6 @@ the caller included (the runtime sets it)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +13,7 @@ import torch
 from airstream.backend import get_backend
 from airstream.bench.models import Branches, Mlp, MoEShared
 from airstream.bench.moe import MoE, split_experts
-from airstream.bench.timing import checked_medians
+from airstream.bench.timing import checked_medians, run_conditions
 from airstream.config import CompilerConfig
 from airstream.passes.auto import auto_streams, moe_experts, shared_expert_overlap
 
@@ -107,10 +106,7 @@ def run_suite(
         "benchmark": name,
         "tokens": tokens,
         "hidden": hidden,
-        "cores": os.cpu_count(),
-        "torch": torch.__version__,
-        "rounds": rounds,
-        "calls_per_round": calls,
+        **run_conditions(rounds, calls),
         "ms": {k: v * 1e3 for k, v in medians.items()},
         "speedup_vs_1_stream": {k: base / v for k, v in medians.items()},
         "speedup_vs_1_stream_1_thread": {k: base_one / v for k, v in medians.items()},

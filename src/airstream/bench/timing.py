@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -9,7 +10,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["checked_medians", "interleaved_medians", "with_threads"]
+__all__ = ["checked_medians", "interleaved_medians", "run_conditions", "with_threads"]
 
 
 def interleaved_medians(
@@ -80,3 +81,13 @@ def checked_medians(
             )
     finally:
         torch.set_num_threads(threads)
+
+
+def run_conditions(rounds: int, calls: int) -> dict[str, Any]:
+    """The fields every benchmark report carries: the machine, torch, and how it was timed."""
+    return {
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "rounds": rounds,
+        "calls_per_round": calls,
+    }

@@ -24,6 +24,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from airstream.bench.timing import run_conditions
+
 __all__ = ["TPModel", "TPReference", "format_tp", "layer_weights", "run_tp"]
 
 
@@ -246,10 +248,7 @@ def run_tp(
         "layers": layers,
         "tokens": tokens,
         "hidden": hidden,
-        "cores": os.cpu_count(),
-        "torch": torch.__version__,
-        "rounds": rounds,
-        "calls_per_round": calls,
+        **run_conditions(rounds, calls),
         "ms": by_rank[0]["ms"],
         "ms_by_rank": {r: rep["ms"] for r, rep in sorted(by_rank.items())},
         "speedup_vs_1_stream": {k: base / v for k, v in by_rank[0]["ms"].items()},

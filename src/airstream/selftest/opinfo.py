@@ -26,13 +26,12 @@ variants of one op are never confused.
 from __future__ import annotations
 
 import contextlib
-import json
 import random
 import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,6 +41,16 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from airstream.backend import AirstreamBackend
 from airstream.config import CompilerConfig
 from airstream.ops.library import STREAM_LABEL_KEY, is_air_op, scope_enter, scope_exit
+from airstream.selftest.sweep_report import (
+    CONFIGS,
+    INDUCTOR_CONFIGS,
+    SampleResult,
+    Sweep,
+    append_results,
+    format_sweep,
+    load_sweep,
+    sweep_report,
+)
 
 __all__ = [
     "CONFIGS",
@@ -54,18 +63,6 @@ __all__ = [
     "run_sweep",
     "sweep_op",
 ]
-
-CONFIGS = (
-    "airstream",
-    "airstream 3 streams",
-    "airstream run_eagerly",
-    "airstream max-autotune",
-    "airstream max-autotune 3 streams",
-    "aot_eager",
-    "inductor",
-)
-# Configurations that compile with Inductor (C++ per sample on CPU: slow for the whole database).
-INDUCTOR_CONFIGS = ("airstream max-autotune", "airstream max-autotune 3 streams", "inductor")
 
 
 def random_streams(seed: int = 0, labels: Sequence[str | None] = (None, "r1", "r2")) -> Any:
@@ -144,18 +141,6 @@ def compilers() -> dict[str, Callable[..., Any]]:
         "aot_eager": _aot_eager,
         "inductor": _inductor,
     }
-
-
-@dataclass
-class SampleResult:
-    """One sample under one configuration: ``pass``, ``fail`` or ``error`` (with a reason)."""
-
-    op: str
-    index: int
-    config: str
-    outcome: str
-    reason: str = ""
-    fallbacks: int = 0  # max-autotune segments that ran as aten code (Inductor failed)
 
 
 def _leaves(sample: Any) -> tuple[list[torch.Tensor], Callable[[Sequence[torch.Tensor]], Any]]:
@@ -275,50 +260,6 @@ def _run_one(
     return SampleResult(name, index, config, "pass", "", fallbacks)
 
 
-@dataclass
-class Sweep:
-    """All results of a sweep, with the per-configuration table."""
-
-    results: list[SampleResult] = field(default_factory=list)
-    configs: tuple[str, ...] = CONFIGS
-    seconds: float = 0.0
-
-    def table(self) -> dict[str, dict[str, int]]:
-        """Per configuration: ops passed (every sample), failed (a wrong result), errored, and
-        sample counts."""
-        out: dict[str, dict[str, int]] = {}
-        for config in self.configs:
-            rows = [r for r in self.results if r.config == config and r.outcome != "skip"]
-            by_op: dict[str, set[str]] = {}
-            for r in rows:
-                by_op.setdefault(r.op, set()).add(r.outcome)
-            out[config] = {
-                "ops_passed": sum(1 for o in by_op.values() if o == {"pass"}),
-                "ops_failed": sum(1 for o in by_op.values() if "fail" in o),
-                "ops_errored": sum(1 for o in by_op.values() if "error" in o and "fail" not in o),
-                "samples": len(rows),
-                "samples_passed": sum(1 for r in rows if r.outcome == "pass"),
-                "samples_failed": sum(1 for r in rows if r.outcome == "fail"),
-                "samples_errored": sum(1 for r in rows if r.outcome == "error"),
-                "samples_fallback": sum(1 for r in rows if r.fallbacks),
-            }
-        return out
-
-    def classified(self) -> list[tuple[SampleResult, str]]:
-        """Every airstream failure or error with ``torch`` (aot_eager fails it too; for
-        max-autotune, or Inductor does) or ``ours``."""
-        bad = ("fail", "error")
-        failed = {(r.config, r.op, r.index) for r in self.results if r.outcome in ("fail", "error")}
-        out = []
-        for r in self.results:
-            if r.config.startswith("airstream") and r.outcome in bad:
-                theirs = ("aot_eager", r.op, r.index) in failed or (
-                    "max-autotune" in r.config and ("inductor", r.op, r.index) in failed
-                )
-                out.append((r, "torch" if theirs else "ours"))
-        return out
-
-
 def run_sweep(
     ops: Sequence[str] | None = None,
     max_samples: int | None = None,
@@ -358,80 +299,9 @@ def run_sweep(
         results = sweep_op(opinfo, configs, max_samples, builders)
         sweep.results += results
         if results_path is not None:
-            with open(results_path, "a") as f:
-                f.writelines(json.dumps(asdict(r)) + "\n" for r in results)
+            append_results(results_path, results)
         if progress and i % 25 == 0:
             print(f"[{i}/{len(wanted)}] {opinfo.name}", file=sys.stderr, flush=True)
         torch._dynamo.reset()
     sweep.seconds = time.perf_counter() - start
-    return _report(sweep, len(wanted), max_samples)
-
-
-def load_sweep(paths: Sequence[str], max_samples: int | None = None) -> dict[str, Any]:
-    """The report of one sweep stored by ``run_sweep(results_path=...)`` in one or more files
-    (e.g. one per shard)."""
-    results = []
-    for path in paths:
-        with open(path) as f:
-            results += [SampleResult(**json.loads(line)) for line in f if line.strip()]
-    configs = tuple(dict.fromkeys(r.config for r in results))
-    sweep = Sweep(results, tuple(c for c in CONFIGS if c in configs))
-    return _report(sweep, len({r.op for r in results}), max_samples)
-
-
-def _report(sweep: Sweep, ops: int, max_samples: int | None) -> dict[str, Any]:
-    classified = sweep.classified()
-    return {
-        "ops": ops,
-        "max_samples": max_samples,
-        "seconds": round(sweep.seconds, 1),
-        "table": sweep.table(),
-        "ours": [
-            {
-                "op": r.op,
-                "sample": r.index,
-                "config": r.config,
-                "outcome": r.outcome,
-                "reason": r.reason,
-            }
-            for r, who in classified
-            if who == "ours"
-        ],
-        "torch": len([1 for _, who in classified if who == "torch"]),
-        "fallback_ops": sorted({f"{r.op} ({r.config})" for r in sweep.results if r.fallbacks}),
-        "silent_mismatches_ours": len(
-            [1 for r, who in classified if who == "ours" and r.outcome == "fail"]
-        ),
-    }
-
-
-def format_sweep(report: dict[str, Any]) -> str:
-    """The sweep as a table, then our failures."""
-    limit = report["max_samples"]
-    samples = "all samples" if limit is None else f"<= {limit} samples per op"
-    lines = [
-        f"OpInfo sweep: {report['ops']} ops, CPU float32, {samples}, {report['seconds']} s",
-        f"{'configuration':<34}{'ops pass':>9}{'fail':>6}{'error':>7}{'samples':>9}"
-        f"{'pass':>7}{'fail':>6}{'error':>7}{'aten fallback':>15}",
-    ]
-    for config, row in report["table"].items():
-        lines.append(
-            f"{config:<34}{row['ops_passed']:>9}{row['ops_failed']:>6}{row['ops_errored']:>7}"
-            f"{row['samples']:>9}{row['samples_passed']:>7}{row['samples_failed']:>6}"
-            f"{row['samples_errored']:>7}{row.get('samples_fallback', 0):>15}"
-        )
-    lines.append(
-        f"airstream failures also failing under aot_eager (torch's): {report['torch']}; "
-        f"ours: {len(report['ours'])}, of which silent mismatches: "
-        f"{report['silent_mismatches_ours']}"
-    )
-    if report.get("fallback_ops"):
-        lines.append(
-            "max-autotune segments Inductor could not compile (run as aten code): "
-            + ", ".join(report["fallback_ops"])
-        )
-    for row in report["ours"]:
-        lines.append(
-            f"  {row['op']}[{row['sample']}] {row['config']}: {row['outcome']}: {row['reason']}"
-        )
-    return "\n".join(lines)
+    return sweep_report(sweep, len(wanted), max_samples)
