@@ -28,9 +28,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _reset_dynamo() -> Any:
-    torch._dynamo.reset()
+    torch.compiler.reset()
     yield
-    torch._dynamo.reset()
+    torch.compiler.reset()
 
 
 def compile_model(

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import torch
 from tests.conftest import assert_same, compile_model, count, graph_of, targets
-from torch._subclasses.fake_tensor import FakeTensor
 
 import airstream
 from airstream.backend import registered_backend
 from airstream.examples.guide import Model, custom_pre_pass
+from airstream.torch_internals import FakeTensor, aot_module_simplified, lookup_backend
 
 air = torch.ops.air
 aten = torch.ops.aten
@@ -171,14 +171,10 @@ def test_registered_backend_rejects_unknown_option() -> None:
 
 
 def test_entry_point_resolves_to_registered_backend() -> None:
-    from torch._dynamo.backends.registry import lookup_backend
-
     assert lookup_backend("airstream") is registered_backend
 
 
 def test_get_compiler_with_aot_module_simplified() -> None:
-    from torch._functorch.aot_autograd import aot_module_simplified
-
     calls: list[str] = []
     config = airstream.CompilerConfig()
     config.post_grad_custom_pre_pass = [custom_pre_pass, lambda gm, i, c: calls.append("pre")]

@@ -14,16 +14,16 @@ import torch
 import torch.distributed as dist
 
 import airstream
+from airstream import torch_internals
 from conftest import assert_same, cause_of, compile_model, graph_of
 
-c10d = torch.ops._c10d_functional
+funcol = torch_internals.functional_collectives()
+all_reduce = torch_internals.collective_op("all_reduce")
 
 
 @pytest.fixture
 def fake_group() -> Iterator[None]:
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    dist.init_process_group("fake", store=torch_internals.fake_store(), rank=0, world_size=2)
     try:
         yield
     finally:
@@ -31,8 +31,6 @@ def fake_group() -> Iterator[None]:
 
 
 def _layer(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    import torch.distributed._functional_collectives as funcol
-
     total = funcol.all_reduce(x @ w, "sum", dist.group.WORLD)
     return total.relu() + (x * 2).sin()  # Dynamo's order: the sum's use before the branch
 
@@ -71,8 +69,6 @@ def test_without_sinking_main_waits_before_the_branch(fake_group: None) -> None:
 
 
 def test_collectives_on_different_streams_are_issued_in_graph_order(fake_group: None) -> None:
-    import torch.distributed._functional_collectives as funcol
-
     def model(x: torch.Tensor) -> torch.Tensor:
         with airstream.stream("comm"):
             a = funcol.all_reduce(x.sin(), "sum", dist.group.WORLD)
@@ -89,15 +85,13 @@ def test_collectives_on_different_streams_are_issued_in_graph_order(fake_group: 
 
 
 def test_a_pass_that_reorders_collectives_is_a_stream_error(fake_group: None) -> None:
-    import torch.distributed._functional_collectives as funcol
-
     def model(x: torch.Tensor) -> torch.Tensor:
         a = funcol.all_reduce(x.sin(), "sum", dist.group.WORLD)
         b = funcol.all_reduce(x.cos(), "sum", dist.group.WORLD)
         return a + b
 
     def swap_collectives(gm: torch.fx.GraphModule, example_inputs: Any, config: Any) -> None:
-        first, second = [n for n in gm.graph.nodes if n.target is c10d.all_reduce.default]
+        first, second = [n for n in gm.graph.nodes if n.target is all_reduce]
         # move the second collective (and its input) in front of the first
         cos = second.args[0]
         first.prepend(cos)

@@ -192,7 +192,7 @@ def test_many_graphs_do_not_grow_threads() -> None:
     workers_before = worker_count()
     threads_before = threading.active_count()
     for i in range(20):
-        torch._dynamo.reset()
+        torch.compiler.reset()
         model = _Branches()  # stream labels e0 and e1, in every graph
         compiled, _ = compile_model(model)
         x = torch.randn(2 + i, 32)

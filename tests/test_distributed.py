@@ -16,6 +16,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from airstream.torch_internals import functional_collectives
+
+funcol = functional_collectives()
+
 pytestmark = pytest.mark.distributed
 
 WORLD = 2
@@ -38,8 +42,6 @@ def _input(rank: int) -> torch.Tensor:
 
 
 def _model(w1: torch.Tensor, w2: torch.Tensor) -> Any:
-    import torch.distributed._functional_collectives as funcol
-
     import airstream
 
     def model(x: torch.Tensor) -> torch.Tensor:
@@ -70,8 +72,6 @@ def _streams_case(rank: int, mode: str) -> tuple[Any, ...]:
 
 
 def _all_collectives(x: torch.Tensor) -> torch.Tensor:
-    import torch.distributed._functional_collectives as funcol
-
     import airstream
 
     group = dist.group.WORLD
@@ -102,7 +102,7 @@ def _all_collectives_case(rank: int) -> tuple[Any, ...]:
         got[mode + " collective syncs"] = sum(
             s.reason == "collective" for s in backend.graphs[-1].plan.syncs
         )
-        torch._dynamo.reset()
+        torch.compiler.reset()
     return (got,)
 
 

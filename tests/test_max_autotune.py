@@ -55,7 +55,7 @@ def _reference_plan(model: torch.nn.Module, *inputs: torch.Tensor):
     compiled, backend = compile_model(model)
     with torch.no_grad():
         compiled(*[t.clone() for t in inputs])
-    torch._dynamo.reset()
+    torch.compiler.reset()
     return graph_of(backend, "inference")
 
 
@@ -149,7 +149,7 @@ def test_dynamic_shapes_training_and_rng_match_eager() -> None:
     assert rng and not {n.name for n in rng} & fused, "random ops stay out of segments"
 
     # training: gradients equal eager's over two steps
-    torch._dynamo.reset()
+    torch.compiler.reset()
     compiled, backend = compile_model(model, _config())
     eager = Model()
     eager.load_state_dict(model.state_dict())
@@ -252,7 +252,7 @@ def test_min_segment_ops_keeps_single_ops_as_aten() -> None:
     x = torch.randn(5)
     assert_same(compiled(x), torch.sin(x))
     assert graph_of(backend, "inference").segments == ()
-    torch._dynamo.reset()
+    torch.compiler.reset()
     compiled, backend = compile_model(one_op, _config(experimental_config__min_segment_ops=1))
     assert_same(compiled(x), torch.sin(x), rtol=1e-6, atol=1e-6)
     (seg,) = graph_of(backend, "inference").segments
@@ -300,7 +300,7 @@ def test_dumps_and_explain_show_segments(tmp_path: object) -> None:
     seg = graph.segments[0]
     assert "peripheries" in dot and seg.kernels[0] in dot
 
-    torch._dynamo.reset()
+    torch.compiler.reset()
     report = str(
         airstream.explain(
             Branches(), torch.randn(8, 32), torch.zeros(8, 32), compiler_config=_config()
@@ -318,7 +318,7 @@ def test_a_second_compile_reuses_inductors_cache() -> None:
     compiled, _ = compile_model(model, _config())
     with torch.no_grad():
         compiled(x, buf.clone())
-    torch._dynamo.reset()
+    torch.compiler.reset()
     compiled, backend = compile_model(model, _config())
     with torch.no_grad():
         compiled(x, buf.clone())

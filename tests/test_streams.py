@@ -10,8 +10,10 @@ from tests.conftest import assert_same, compile_model
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import airstream
-from airstream import StreamError
+from airstream import StreamError, torch_internals
 from airstream.schedule import assign_streams
+
+graph_break = torch_internals.dynamo_graph_break()
 
 air = torch.ops.air
 LABEL = "_user_stream_label"
@@ -53,9 +55,9 @@ def test_annotation_applies_outside_scopes_only() -> None:
     # Set the annotations as Dynamo does for code under airstream.stream / fx annotate.
     for node in gm.graph.nodes:
         if node.name == "sin":
-            node.meta["custom"] = {"air_stream": "ann", "air_stream_priority": -1}
+            torch_internals.set_annotations(node, {"air_stream": "ann", "air_stream_priority": -1})
         if node.name == "cos":
-            node.meta["custom"] = {"air_stream": "ann"}
+            torch_internals.set_annotations(node, {"air_stream": "ann"})
     s = assign_streams(gm)
     assert s.stream("sin") == "ann" and s.priorities == {"ann": -1}
 
@@ -67,7 +69,7 @@ def test_annotation_applies_outside_scopes_only() -> None:
 
     gm = _trace(g, torch.randn(3))
     for node in gm.graph.nodes:
-        node.meta["custom"] = {"air_stream": "ann"}
+        torch_internals.set_annotations(node, {"air_stream": "ann"})
     assert assign_streams(gm).stream("sin") == "scoped", "the scope wins over the annotation"
 
 
@@ -185,7 +187,7 @@ class _BreakInsideMarkers(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         torch.ops.air.scope_enter([LABEL], ["s1"])
         y = x.sin()
-        torch._dynamo.graph_break()
+        graph_break()
         z = y.cos()
         torch.ops.air.scope_exit()
         return z
@@ -204,7 +206,7 @@ class _BreakInsideStream(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with airstream.stream("s1"):
             y = x.sin()
-            torch._dynamo.graph_break()
+            graph_break()
             z = y.cos()
         return z + 1
 
@@ -220,7 +222,7 @@ def test_graph_break_inside_airstream_stream_warns_and_stays_correct() -> None:
 
 def test_fullgraph_reports_the_break() -> None:
     compiled, _ = compile_model(_BreakInsideStream(), fullgraph=True)
-    with pytest.raises(torch._dynamo.exc.Unsupported):
+    with pytest.raises(torch_internals.dynamo_unsupported()):
         compiled(torch.randn(5))
 
 

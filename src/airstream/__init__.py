@@ -10,7 +10,7 @@ from airstream.backend import get_backend, get_compiler, get_npu_backend
 from airstream.config import CompilerConfig
 from airstream.debug.explain import explain
 from airstream.debug.profile import profile
-from airstream.errors import ConfigError, PassError, StreamError
+from airstream.errors import ConfigError, PassError, StreamError, TorchSupportError
 from airstream.ops.stream import stream
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "ConfigError",
     "PassError",
     "StreamError",
+    "TorchSupportError",
     "explain",
     "get_backend",
     "get_compiler",

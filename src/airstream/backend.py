@@ -17,11 +17,9 @@ from typing import Any
 
 import torch
 import torch.fx
-from functorch.compile import min_cut_rematerialization_partition
-from torch._dynamo.backends.common import aot_autograd
-from torch._functorch import config as functorch_config
 
 import airstream.ops.library  # noqa: F401  (registers the air ops)
+from airstream import torch_internals
 from airstream.config import CompilerConfig
 from airstream.debug.dump import DumpObserver, GraphDumper, dumper_for
 from airstream.decompositions import decomposition_table
@@ -73,12 +71,11 @@ def _keep_air_ops_in_forward(joint: torch.fx.GraphModule, joint_inputs: Any, **k
     """
     for node in joint.graph.nodes:
         if node.op == "call_function" and is_air_op(node.target):
-            node.meta["partitioner_tag"] = "must_be_in_forward"
-    # The partitioner's own CSE would merge identical markers (two stream blocks with the same
-    # label, two records) and so move nodes off their stream; airstream's region-aware CSE runs
-    # on the forward and backward graphs afterwards instead.
-    with functorch_config.patch(cse=False):
-        return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+            torch_internals.keep_in_forward(node)
+    # The partitioner's own CSE (off here) would merge identical markers (two stream blocks with
+    # the same label, two records) and so move nodes off their stream; airstream's region-aware
+    # CSE runs on the forward and backward graphs afterwards instead.
+    return torch_internals.min_cut_partition(joint, joint_inputs, **kwargs)
 
 
 def _cuda_device(gm: torch.fx.GraphModule) -> torch.device | None:
@@ -141,6 +138,7 @@ class GraphCompiler:
         self.observer = observer
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Executor:
+        torch_internals.require("core")
         kind = self.kind or _graph_kind(gm)
         dumper = self.dumper if self.dumper is not None else dumper_for(self.config)
         observers = [o for o in (self.observer,) if o is not None]
@@ -224,13 +222,14 @@ class AirstreamBackend:
     def __call__(
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
     ) -> Callable[..., Any]:
+        torch_internals.require("core")
         config = self.config
         dumper = dumper_for(config)
         if dumper is not None:
             dumper.dump("dynamo", "", gm)
             self.dumpers.append(dumper)
         observer = self._observer()
-        aot = aot_autograd(
+        aot = torch_internals.aot_autograd(
             fw_compiler=GraphCompiler(config, "forward", self._record, dumper, observer),
             bw_compiler=GraphCompiler(config, "backward", self._record, dumper, observer),
             inference_compiler=GraphCompiler(config, "inference", self._record, dumper, observer),

@@ -8,7 +8,7 @@ eager bit for bit. Keeping fused kernels (``addmm``, ``native_layer_norm``, ``ge
 faster here than splitting them: every extra op costs a dispatch (~1.4 us on CPU).
 
 Users who want finer ops pass their own table (``get_backend(..., decompositions=...)``), e.g.
-``torch._decomp.core_aten_decompositions()``.
+``torch.export.default_decompositions()`` (the core aten opset).
 """
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import torch
+from airstream.torch_internals import OperatorBase
 
 __all__ = ["DEFAULT_DECOMPOSITIONS", "decomposition_table"]
 
-DEFAULT_DECOMPOSITIONS: Mapping[torch._ops.OperatorBase, Callable[..., Any]] = {}
+DEFAULT_DECOMPOSITIONS: Mapping[OperatorBase, Callable[..., Any]] = {}
 
 
 def decomposition_table(
-    extra: Mapping[torch._ops.OperatorBase, Callable[..., Any]] | None = None,
-) -> dict[torch._ops.OperatorBase, Callable[..., Any]]:
+    extra: Mapping[OperatorBase, Callable[..., Any]] | None = None,
+) -> dict[OperatorBase, Callable[..., Any]]:
     """The default table merged with ``extra`` (``extra`` wins)."""
     table = dict(DEFAULT_DECOMPOSITIONS)
     if extra:

@@ -5,7 +5,7 @@ Every error says what happened, where (pass, node, source line, option) and what
 
 from __future__ import annotations
 
-__all__ = ["AirstreamError", "ConfigError", "PassError", "StreamError"]
+__all__ = ["AirstreamError", "ConfigError", "PassError", "StreamError", "TorchSupportError"]
 
 
 class AirstreamError(Exception):
@@ -35,3 +35,15 @@ class PassError(AirstreamError):
 
 class StreamError(AirstreamError):
     """The stream program in a graph is invalid (unpaired scopes, bad waits, deadlock)."""
+
+
+class TorchSupportError(AirstreamError, RuntimeError):
+    """This torch lacks (or changed) a private API airstream needs.
+
+    Attributes:
+        feature: the feature's name(s) in ``airstream.torch_internals.FEATURES``.
+    """
+
+    def __init__(self, message: str, *, feature: str) -> None:
+        super().__init__(message)
+        self.feature = feature

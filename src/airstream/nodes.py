@@ -6,8 +6,9 @@ import re
 
 import torch.fx
 
+from airstream.torch_internals import OpOverload, collective_op_name, op_name, stack_trace
+
 __all__ = [
-    "COLLECTIVE_NAMESPACES",
     "describe",
     "is_collective",
     "is_collective_wait",
@@ -15,19 +16,9 @@ __all__ = [
     "target_name",
 ]
 
-# torch.distributed functional collectives (``torch.distributed._functional_collectives``)
-COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional"})
-
 
 def _collective_op(node: torch.fx.Node) -> str | None:
-    target = node.target
-    if (
-        node.op == "call_function"
-        and isinstance(target, torch._ops.OpOverload)
-        and target.namespace in COLLECTIVE_NAMESPACES
-    ):
-        return target._opname
-    return None
+    return collective_op_name(node.target) if node.op == "call_function" else None
 
 
 def is_collective(node: torch.fx.Node) -> bool:
@@ -51,8 +42,8 @@ def target_name(node: torch.fx.Node) -> str:
     if node.op != "call_function":
         return node.op
     target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        return f"{target.namespace}.{target._opname}.{target._overloadname}"
+    if isinstance(target, OpOverload):
+        return ".".join(op_name(target))
     if "air_segment" in node.meta:  # max-autotune: an Inductor-compiled segment
         return "inductor_segment"
     return getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
@@ -60,7 +51,7 @@ def target_name(node: torch.fx.Node) -> str:
 
 def source_line(node: torch.fx.Node) -> str | None:
     """``file.py:12 `code``` for the user source line a node was traced from, if known."""
-    trace = node.meta.get("stack_trace")
+    trace = stack_trace(node)
     if not trace:
         return None
     frames = list(_FRAME.finditer(trace))

@@ -26,6 +26,7 @@ from airstream.backend import get_backend
 from airstream.bench.timing import checked_medians, run_conditions, with_threads
 from airstream.config import CompilerConfig
 from airstream.ops.library import STREAM_LABEL_KEY, scope_enter, scope_exit
+from airstream.torch_internals import module_stack
 
 __all__ = ["MoE", "format_moe", "run_moe", "split_experts"]
 
@@ -58,7 +59,7 @@ class MoE(torch.nn.Module):
 
 
 def _expert_index(node: torch.fx.Node, pattern: re.Pattern[str]) -> int | None:
-    for path, _ in (node.meta.get("nn_module_stack") or {}).values():
+    for path, _ in module_stack(node).values():
         match = pattern.search(str(path))
         if match:
             return int(match.group(1))

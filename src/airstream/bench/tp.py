@@ -25,8 +25,11 @@ import torch
 import torch.distributed as dist
 
 from airstream.bench.timing import run_conditions
+from airstream.torch_internals import functional_collectives
 
 __all__ = ["TPModel", "TPReference", "format_tp", "layer_weights", "run_tp"]
+
+funcol = functional_collectives()  # torch.distributed._functional_collectives
 
 
 class _AllReduce(torch.autograd.Function):
@@ -34,8 +37,6 @@ class _AllReduce(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        import torch.distributed._functional_collectives as funcol
-
         return funcol.all_reduce(x, "sum", dist.group.WORLD)
 
     @staticmethod
@@ -52,8 +53,6 @@ class _ToParallel(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        import torch.distributed._functional_collectives as funcol
-
         return funcol.all_reduce(grad, "sum", dist.group.WORLD)
 
 

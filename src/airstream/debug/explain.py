@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from airstream import torch_internals
 from airstream.backend import AirstreamBackend, CompiledGraph
 from airstream.config import CompilerConfig
 from airstream.debug.report import format_segments, format_streams
@@ -145,10 +146,11 @@ def explain(
     compiles afresh.
     """
     config = compiler_config if compiler_config is not None else CompilerConfig()
+    torch_internals.require("explain")
     graph_break: str | None = None
     try:
         backend, reports = _compile_only(model, example_inputs, config, fullgraph=True, **kw)
-    except torch._dynamo.exc.Unsupported as exc:  # a graph break, found while tracing
+    except torch_internals.dynamo_unsupported() as exc:  # a graph break, found while tracing
         graph_break = str(exc).strip().splitlines()[0]
         backend, reports = _compile_only(model, example_inputs, config, fullgraph=False, **kw)
     for report, graph in zip(reports, backend.graphs, strict=False):
@@ -189,5 +191,5 @@ def _compile_only(
         with torch.no_grad(), contextlib.suppress(_CompileOnly):
             compiled(*example_inputs)
     finally:
-        torch._dynamo.eval_frame.remove_from_cache(model)
+        torch_internals.remove_from_dynamo_cache(model)
     return backend, reports

@@ -7,10 +7,10 @@ import warnings
 from collections.abc import Iterator
 
 import torch
-import torch._dynamo.decorators
 import torch.fx.traceback as fx_traceback
 
 from airstream.ops.library import STREAM_LABEL_KEY, STREAM_PRIORITY_KEY
+from airstream.torch_internals import dynamo_skip, eval_frame_callback_set
 
 __all__ = ["STREAM_ANNOTATION", "STREAM_PRIORITY_ANNOTATION", "stream"]
 
@@ -19,11 +19,10 @@ STREAM_ANNOTATION = "air_stream"
 STREAM_PRIORITY_ANNOTATION = "air_stream_priority"
 
 
-@torch._dynamo.decorators.skip  # never traced, and the frame hook stays visible inside
+@dynamo_skip  # never traced, and the frame hook stays visible inside
 def _under_torch_compile() -> bool:
     """True when eager code runs inside a torch.compile'd call (Dynamo's frame hook is set)."""
-    get_callback = getattr(torch._C._dynamo.eval_frame, "get_eval_frame_callback", None)
-    return get_callback is not None and get_callback() not in (None, False)
+    return eval_frame_callback_set()
 
 
 @contextlib.contextmanager

@@ -13,10 +13,9 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch._guards import detect_fake_mode
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from airstream.nodes import describe
+from airstream.torch_internals import FakeTensor, FakeTensorMode, detect_fake_mode
 
 __all__ = ["MetaError", "check_meta", "fake_mode_of", "fill_meta"]
 
@@ -71,9 +70,7 @@ def fill_meta(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> list[t
             if index >= len(example_inputs):
                 raise MetaError(f"{describe(node)}: no example input for this placeholder")
             value = example_inputs[index]
-            if isinstance(value, torch.Tensor) and not isinstance(
-                value, torch._subclasses.fake_tensor.FakeTensor
-            ):
+            if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
                 value = mode.from_tensor(value)
             node.meta["val"] = value
             continue

@@ -29,6 +29,7 @@ from airstream.ops.library import (
     wait,
 )
 from airstream.passes.meta import fill_meta
+from airstream.torch_internals import OpOverloadPacket, module_stack
 
 __all__ = [
     "add_control_edge",
@@ -44,7 +45,7 @@ def module_paths(node: torch.fx.Node) -> list[str]:
 
     Forward and inference graphs carry ``nn_module_stack``; backward graphs carry the forward
     node's stack as ``fwd_nn_module_stack``. Dynamo's ``L['self'].`` prefixes are removed."""
-    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
+    stack = module_stack(node)
     paths = []
     for value in stack.values():
         path = value[0] if isinstance(value, tuple) else str(value)
@@ -73,7 +74,7 @@ def select_nodes(
         items = target if isinstance(target, (set, frozenset, list, tuple)) else [target]
         targets = set()
         for item in items:
-            if isinstance(item, torch._ops.OpOverloadPacket):
+            if isinstance(item, OpOverloadPacket):
                 targets |= {getattr(item, name) for name in item.overloads()}
             else:
                 targets.add(item)

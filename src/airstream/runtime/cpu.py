@@ -30,6 +30,7 @@ from airstream.runtime.codegen import emit_op
 from airstream.runtime.trace import CallTrace, StreamTrace, now_ns, tracing_wanted
 from airstream.runtime.workers import StreamWorker, submit_all, worker_for
 from airstream.schedule.plan import Record, Run, StreamPlan, StreamSteps, Wait
+from airstream.torch_internals import set_grad_enabled
 
 __all__ = ["CpuExecutor"]
 
@@ -267,7 +268,7 @@ class CpuExecutor:
             try:
                 if torch.get_num_threads() != threads:
                     torch.set_num_threads(threads)
-                torch._C._set_grad_enabled(grad)  # grad mode is per thread: follow the caller
+                set_grad_enabled(grad)  # grad mode is per thread: follow the caller
                 if trace is None:
                     code.fn(args, slots, state.events, state)
                 else:

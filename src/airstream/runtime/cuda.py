@@ -30,6 +30,7 @@ from airstream.ops.library import wait_tensor
 from airstream.runtime.codegen import emit_op
 from airstream.runtime.trace import CallTrace, tracing_wanted
 from airstream.schedule.plan import Record, Run, StreamPlan, Wait
+from airstream.torch_internals import op_schema
 
 __all__ = ["CudaExecutor", "CudaGraphExecutor", "capture_blockers", "stream_for"]
 
@@ -199,8 +200,8 @@ def capture_blockers(gm: torch.fx.GraphModule) -> list[str]:
                 reasons.append(f"symbolic shape at input {node.name}")
             elif isinstance(val, torch.Tensor) and val.device.type != "cuda":
                 reasons.append(f"input {node.name} is on {val.device}")
-        elif node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
-            if node.target._schema.is_mutable:
+        elif node.op == "call_function" and (schema := op_schema(node.target)) is not None:
+            if schema.is_mutable:
                 reasons.append(f"{node.name} mutates its input")
             if torch.Tag.nondeterministic_seeded in node.target.tags:
                 reasons.append(f"{node.name} draws random numbers")

@@ -31,7 +31,8 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.errors import PassError
+from airstream import torch_internals
+from airstream.errors import PassError, TorchSupportError
 from airstream.schedule.plan import StreamPlan
 from airstream.schedule.segments import Segment, find_segments, substitute
 from airstream.schedule.streams import StreamAssignment
@@ -163,18 +164,15 @@ def _tuple_index(node: torch.fx.Node, user: torch.fx.Node) -> int:
 
 def _decompose(sub: torch.fx.GraphModule, fakes: Sequence[Any], fake_mode: Any) -> Any:
     """Retrace with Inductor's decompositions (Inductor lowers only what they leave)."""
-    from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
     with fake_mode:
         traced = make_fx(
             torch.fx.Interpreter(sub).run,
-            decomposition_table=select_decomp_table(),
+            decomposition_table=torch_internals.inductor_decomposition_table(),
             tracing_mode="real",
         )(*fakes)
-    for node in traced.graph.nodes:  # descriptive kernel names (cpp_fused_add_relu_0)
-        if isinstance(node.target, torch._ops.OpOverload):
-            node.meta.setdefault("original_aten", node.target)
+    torch_internals.tag_original_aten(traced)  # descriptive kernel names (cpp_fused_add_relu_0)
     return traced
 
 
@@ -192,34 +190,20 @@ def _pin_output_strides(decomposed: torch.fx.GraphModule, sub: torch.fx.GraphMod
         else None
         for arg in sub_output.args[0]
     ]
-    output.meta["original_output_strides"] = strides
-    output.meta["user_visible_output_idxs"] = [i for i, s in enumerate(strides) if s is not None]
+    torch_internals.pin_output_strides(output, strides)
 
 
 def _compile(
     sub: torch.fx.GraphModule, fakes: Sequence[Any], fake_mode: Any, graph_kind: str, threads: int
 ) -> tuple[Callable[[list[Any]], Any], tuple[str, ...], str]:
     """Inductor-compile one segment: (callable on a list of inputs, kernel names, cache)."""
-    from torch._dynamo.utils import counters
-    from torch._guards import TracingContext, tracing
-    from torch._inductor import config as inductor_config
-    from torch._inductor.compile_fx import compile_fx_inner
-
     decomposed = _decompose(sub, fakes, fake_mode)
     _pin_output_strides(decomposed, sub)
-    patches: dict[str, Any] = {}
-    if threads > 0:
-        patches["cpp.threads"] = threads
-    hits = counters["inductor"]["fxgraph_cache_hit"]
-    with tracing(TracingContext(fake_mode)), inductor_config.patch(patches):
-        compiled = compile_fx_inner(
-            decomposed,
-            list(fakes),
-            is_inference=graph_kind == "inference",
-            is_backward=graph_kind == "backward",
-        )
-    cache = "hit" if counters["inductor"]["fxgraph_cache_hit"] > hits else "miss"
-    source = getattr(compiled, "source_code", "") or ""
+    hits = torch_internals.fxgraph_cache_hits()
+    compiled, source = torch_internals.inductor_compile(
+        decomposed, fakes, fake_mode=fake_mode, graph_kind=graph_kind, threads=threads
+    )
+    cache = "hit" if torch_internals.fxgraph_cache_hits() > hits else "miss"
     return compiled, kernel_names(source), cache
 
 
@@ -314,8 +298,7 @@ def compile_segments(
     fused node and getitems replacing it (what ``schedule.segments.substitute`` takes).
     ``threads`` > 0 fixes the intra-op threads of generated CPU kernels.
     """
-    from torch._guards import detect_fake_mode
-
+    torch_internals.require("max-autotune")  # a torch without them is an error, not a fallback
     results: list[CompiledSegment] = []
     replaced: dict[str, tuple[str, list[str]]] = {}
     shared: dict[tuple[Any, ...], tuple[Callable[[list[Any]], Any], tuple[str, ...]]] = {}
@@ -329,11 +312,13 @@ def compile_segments(
                 compiled, kernels = shared[key]
                 cache = "shared"
             else:
-                fake_mode = detect_fake_mode(fakes)
+                fake_mode = torch_internals.detect_fake_mode(fakes)
                 if fake_mode is None:
                     raise RuntimeError("no fake tensor metadata on the segment's inputs")
                 compiled, kernels, cache = _compile(sub, fakes, fake_mode, graph_kind, threads)
                 shared[key] = (compiled, kernels)
+        except TorchSupportError:
+            raise
         except Exception as exc:
             error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
             where = (

@@ -16,8 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-import torch.autograd.profiler
+from airstream import torch_internals
 
 __all__ = [
     "CallTrace",
@@ -34,14 +33,7 @@ _listeners: tuple[Callable[[CallTrace], None], ...] = ()  # replaced, never muta
 _listeners_lock = threading.Lock()
 _call_ids = itertools.count()
 now_ns = time.perf_counter_ns
-_autograd_profiler = torch.autograd.profiler
-
-
-def _profiler_enabled() -> bool:
-    """torch.profiler (or torch.autograd.profiler) is recording. Its Python flag is one
-    attribute read, and unlike the thread-local C++ check it is also set with
-    ``profile_all_threads=True``; a profiler started from C++ alone is not seen."""
-    return _autograd_profiler._is_profiler_enabled
+_profiler_enabled = torch_internals.profiler_enabled  # a profiler started from C++ alone: unseen
 
 
 def add_listener(listener: Callable[[CallTrace], None]) -> None:
@@ -61,7 +53,7 @@ def remove_listener(listener: Callable[[CallTrace], None]) -> None:
 
 def tracing_wanted() -> bool:
     """True if this call should run the traced code (checked once per call)."""
-    return bool(_listeners) or _autograd_profiler._is_profiler_enabled
+    return bool(_listeners) or _profiler_enabled()
 
 
 @dataclass(frozen=True)
@@ -103,6 +95,10 @@ class CallTrace:
     end_ns: int = 0
     emit_ranges: bool = field(default_factory=_profiler_enabled)
 
+    def __post_init__(self) -> None:
+        if self.emit_ranges:
+            torch_internals.require("profiler")
+
     def stream(self, label: str | None) -> StreamTrace:
         """The recorder one stream of this call writes to."""
         return StreamTrace(self, label)
@@ -128,7 +124,7 @@ class StreamTrace:
     def op_begin(self, name: str) -> tuple[int, Any]:
         handle = None
         if self.call.emit_ranges:
-            handle = torch.ops.profiler._record_function_enter_new(f"{self.prefix}:{name}", None)
+            handle = torch_internals.record_function_enter(f"{self.prefix}:{name}")
         return now_ns(), handle
 
     def op_end(
@@ -137,7 +133,7 @@ class StreamTrace:
         end = now_ns()
         start, handle = token
         if handle is not None:
-            torch.ops.profiler._record_function_exit._RecordFunction(handle)
+            torch_internals.record_function_exit(handle)
         thread = threading.current_thread().name
         self.call.ops.append(
             OpRecord(self.label, name, start, end, self.call.call, thread, detail, fused)

@@ -20,6 +20,7 @@ import torch.fx
 
 from airstream.nodes import is_collective
 from airstream.ops.library import record, scope_enter, scope_exit, wait, wait_tensor
+from airstream.torch_internals import OpOverload, op_schema
 
 __all__ = ["Requirement", "is_executed", "requirements"]
 
@@ -43,8 +44,7 @@ def is_executed(node: torch.fx.Node) -> bool:
 
 
 def _schema(node: torch.fx.Node) -> torch.FunctionSchema | None:
-    target = node.target
-    return target._schema if isinstance(target, torch._ops.OpOverload) else None
+    return op_schema(node.target)
 
 
 def _aliased_input(node: torch.fx.Node) -> torch.fx.Node | None:
@@ -75,9 +75,7 @@ def _written_inputs(node: torch.fx.Node) -> Iterator[torch.fx.Node]:
 
 def _is_random(node: torch.fx.Node) -> bool:
     target = node.target
-    return isinstance(target, torch._ops.OpOverload) and (
-        torch.Tag.nondeterministic_seeded in target.tags
-    )
+    return isinstance(target, OpOverload) and (torch.Tag.nondeterministic_seeded in target.tags)
 
 
 def requirements(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[Requirement]]:

@@ -26,6 +26,7 @@ import torch.fx
 from airstream.ops.library import is_air_op
 from airstream.schedule.plan import Record, Run, Step, StreamPlan, StreamSteps, Sync, Wait
 from airstream.schedule.streams import StreamAssignment
+from airstream.torch_internals import OpOverload, op_schema
 
 __all__ = ["Segment", "find_segments", "fusible", "substitute"]
 
@@ -70,7 +71,7 @@ def fusible(node: torch.fx.Node, inside: set[torch.fx.Node] | frozenset[torch.fx
     if target is operator.getitem:
         source = node.args[0]
         return isinstance(source, torch.fx.Node) and source in inside
-    if is_air_op(target) or not isinstance(target, torch._ops.OpOverload):
+    if is_air_op(target) or not isinstance(target, OpOverload):
         return False
     if target.namespace not in _FUSIBLE_NAMESPACES:
         return False
@@ -78,7 +79,7 @@ def fusible(node: torch.fx.Node, inside: set[torch.fx.Node] | frozenset[torch.fx
         return False
     if not _is_tensor_value(node.meta.get("val")):
         return False
-    if target._schema.is_mutable:
+    if op_schema(target).is_mutable:
         dest = node.args[0] if node.args else None
         return (
             target is torch.ops.aten.copy_.default

@@ -31,6 +31,7 @@ from airstream.ops.library import (
     wait_tensor,
 )
 from airstream.ops.stream import STREAM_ANNOTATION, STREAM_PRIORITY_ANNOTATION
+from airstream.torch_internals import stream_annotations
 
 __all__ = ["StreamAssignment", "assign_streams"]
 
@@ -142,7 +143,7 @@ def _check_wait_tensor(node: torch.fx.Node) -> None:
 
 
 def _annotation(node: torch.fx.Node) -> tuple[str | None, int | None]:
-    custom = node.meta.get("custom") or {}
+    custom = stream_annotations(node)
     label = custom.get(STREAM_ANNOTATION)
     if label is not None and (not isinstance(label, str) or not label):
         raise StreamError(

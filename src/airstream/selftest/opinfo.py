@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from airstream import torch_internals
 from airstream.backend import AirstreamBackend
 from airstream.config import CompilerConfig
 from airstream.ops.library import STREAM_LABEL_KEY, is_air_op, scope_enter, scope_exit
@@ -106,18 +106,6 @@ def _airstream(config: CompilerConfig) -> Callable[..., Any]:
     return compile_graph
 
 
-def _aot_eager(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> Any:
-    from torch._dynamo.backends.debugging import aot_eager
-
-    return aot_eager(gm, inputs)
-
-
-def _inductor(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> Any:
-    from torch._inductor.compile_fx import compile_fx
-
-    return compile_fx(gm, list(inputs))
-
-
 def compilers() -> dict[str, Callable[..., Any]]:
     """Each configuration's ``(gm, example_inputs) -> callable``."""
     multi = CompilerConfig()
@@ -138,21 +126,21 @@ def compilers() -> dict[str, Callable[..., Any]]:
         "airstream run_eagerly": _airstream(eager),
         "airstream max-autotune": _airstream(fused),
         "airstream max-autotune 3 streams": _airstream(fused_multi),
-        "aot_eager": _aot_eager,
-        "inductor": _inductor,
+        "aot_eager": torch_internals.aot_eager,
+        "inductor": torch_internals.compile_fx,
     }
 
 
 def _leaves(sample: Any) -> tuple[list[torch.Tensor], Callable[[Sequence[torch.Tensor]], Any]]:
     """The sample's tensors, and a function rebuilding (input, args, kwargs) from new tensors."""
-    flat, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
+    flat, spec = torch_internals.tree_flatten((sample.input, sample.args, sample.kwargs))
     positions = [i for i, leaf in enumerate(flat) if isinstance(leaf, torch.Tensor)]
 
     def rebuild(tensors: Sequence[torch.Tensor]) -> Any:
         new = list(flat)
         for pos, tensor in zip(positions, tensors, strict=True):
             new[pos] = tensor
-        return pytree.tree_unflatten(new, spec)
+        return torch_internals.tree_unflatten(new, spec)
 
     return [flat[i] for i in positions], rebuild
 
@@ -163,9 +151,7 @@ _FLOAT32_DEFAULT = (1e-5, 1.3e-6)  # assert_close's (atol, rtol) for float32
 def opinfo_tolerance(opinfo: Any) -> tuple[float, float]:
     """``(atol, rtol)`` for an OpInfo's float32 CPU samples: the loosest float32
     ``toleranceOverride`` among its decorators that can apply on CPU, at least the defaults."""
-    from torch.testing._internal.common_device_type import toleranceOverride
-    from torch.testing._internal.opinfo.core import DecorateInfo
-
+    toleranceOverride, DecorateInfo = torch_internals.opinfo_tolerance_decorators()
     atol, rtol = _FLOAT32_DEFAULT
     for info in opinfo.decorators:
         if not isinstance(info, DecorateInfo) or info.device_type not in (None, "cpu"):
@@ -213,7 +199,7 @@ def sweep_op(
         def fn(*ts: torch.Tensor, rebuild: Any = rebuild) -> tuple[Any, ...]:
             inp, args, kwargs = rebuild(ts)
             # AOTAutograd wants a flat tuple of outputs
-            return tuple(pytree.tree_leaves(opinfo.op(inp, *args, **kwargs)))
+            return tuple(torch_internals.tree_flatten(opinfo.op(inp, *args, **kwargs))[0])
 
         try:
             with _quiet():
@@ -276,8 +262,8 @@ def run_sweep(
     ``results_path`` appends each op's results as JSON lines as soon as it is done, so a long
     sweep loses nothing when stopped (:func:`load_sweep` rebuilds the report from such files).
     """
-    from torch.testing._internal.common_methods_invocations import op_db
-
+    torch_internals.require("selftest")
+    op_db = torch_internals.opinfo_database()
     if configs is None:
         configs = tuple(c for c in CONFIGS if inductor or c not in INDUCTOR_CONFIGS)
     unknown = [c for c in configs if c not in CONFIGS]
@@ -302,6 +288,6 @@ def run_sweep(
             append_results(results_path, results)
         if progress and i % 25 == 0:
             print(f"[{i}/{len(wanted)}] {opinfo.name}", file=sys.stderr, flush=True)
-        torch._dynamo.reset()
+        torch.compiler.reset()
     sweep.seconds = time.perf_counter() - start
     return sweep_report(sweep, len(wanted), max_samples)

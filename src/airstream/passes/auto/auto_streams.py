@@ -40,6 +40,7 @@ import torch.fx
 from airstream.ops.library import is_air_op
 from airstream.passes.auto.cost import CostModel, flops_cost, profile_cost
 from airstream.passes.toolkit import place_on_stream
+from airstream.torch_internals import OpOverload, op_schema
 
 __all__ = ["AutoStreamsDecision", "auto_streams", "schedule"]
 
@@ -152,18 +153,16 @@ def _pinned(node: torch.fx.Node) -> bool:
     # getitem runs with its producer; mutations keep their place on main (they end the graph).
     if node.target is operator.getitem:
         return True
-    schema = getattr(node.target, "_schema", None)
+    schema = op_schema(node.target)
     return schema is not None and schema.is_mutable
 
 
 def _order_matters(node: torch.fx.Node) -> bool:
     target = node.target
-    schema = getattr(target, "_schema", None)
+    schema = op_schema(target)
     if schema is not None and schema.is_mutable:
         return True
-    return isinstance(target, torch._ops.OpOverload) and (
-        torch.Tag.nondeterministic_seeded in target.tags
-    )
+    return isinstance(target, OpOverload) and (torch.Tag.nondeterministic_seeded in target.tags)
 
 
 def auto_streams(max_streams: int = 2, cost_model: str = "flops", min_gain: float = 1.1) -> Any:

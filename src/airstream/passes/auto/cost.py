@@ -16,6 +16,8 @@ import torch
 import torch.fx
 from torch.utils.flop_counter import flop_registry
 
+from airstream.torch_internals import op_schema
+
 __all__ = ["CostModel", "flops_cost", "profile_cost"]
 
 CostModel = Callable[[torch.fx.Node], float]
@@ -41,7 +43,7 @@ def _val(arg: Any) -> Any:
 
 def _is_view(target: Any) -> bool:
     """Ops whose result aliases an input (t, view, expand, ...): metadata only, no traffic."""
-    schema = getattr(target, "_schema", None)
+    schema = op_schema(target)
     return schema is not None and any(
         r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
     )

@@ -41,6 +41,7 @@ from airstream.nodes import is_collective, is_collective_wait
 from airstream.ops.library import STREAM_LABEL_KEY, is_air_op, scope_enter, scope_exit
 from airstream.ops.stream import STREAM_ANNOTATION
 from airstream.passes.toolkit import place_on_stream
+from airstream.torch_internals import op_schema, require, stream_annotations
 
 __all__ = ["overlap_communication"]
 
@@ -57,7 +58,7 @@ def _placed(graph: torch.fx.Graph) -> set[torch.fx.Node]:
         elif node.target is scope_exit:
             if labels:
                 labels.pop()
-        elif any(labels) or (node.meta.get("custom") or {}).get(STREAM_ANNOTATION):
+        elif any(labels) or stream_annotations(node).get(STREAM_ANNOTATION):
             placed.add(node)
     return placed
 
@@ -100,15 +101,17 @@ def _sink_dependents(graph: torch.fx.Graph, comm: set[torch.fx.Node]) -> int:
 def _ordered(node: torch.fx.Node) -> bool:
     """Random or mutating: its place in graph order matters beyond data edges."""
     target = node.target
-    if not isinstance(target, torch._ops.OpOverload):
+    schema = op_schema(target)
+    if schema is None:
         return False
-    return torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable
+    return torch.Tag.nondeterministic_seeded in target.tags or schema.is_mutable
 
 
 def overlap_communication(label: str = "comm", producers: bool = True, sink: bool = True) -> Any:
     """A pass moving collectives, their waits and (``producers``) what only they need to stream
     ``label``; with ``sink``, ops that need a collective's result move after the independent ops
     that follow them (never across a marker, a random or a mutating op)."""
+    require("collectives")
 
     def overlap_communication_pass(
         gm: torch.fx.GraphModule, example_inputs: Sequence[Any], cfg: Any
