@@ -180,6 +180,16 @@ def _selftest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    import json
+
+    from airstream.doctor import collect, format_report
+
+    report = collect()
+    print(json.dumps(report.as_dict(), indent=2) if args.json else format_report(report), end="")
+    return 0 if report.healthy else 1
+
+
 def _run(args: argparse.Namespace) -> int:
     import runpy
 
@@ -265,6 +275,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     selftest.add_argument("--json", action="store_true", help="print the report as JSON")
     selftest.set_defaults(func=_selftest)
+
+    doctor = sub.add_parser(
+        "doctor",
+        help="versions, torch support, CPU threads, OpenMP, CUDA, Graphviz, C++ compiler: what a "
+        "bug report needs and what each optional part requires",
+        description="Print the versions of airstream, torch and Python, whether this torch is "
+        "supported and has every private API airstream uses, the CPU's cores, threads and OpenMP "
+        "runtime, and each optional part (CUDA, Triton, a C++ compiler for max-autotune, Graphviz, "
+        "torch.distributed, the test tools) with what stops working without it and how to "
+        "install it. Exit status 1 when airstream's core cannot work on this torch.",
+    )
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.set_defaults(func=_doctor)
 
     run = sub.add_parser("run", help="run a script; --torchair: an unmodified TorchAir script")
     run.add_argument("--torchair", action="store_true", help="resolve torchair/torch_npu here")
