@@ -15,6 +15,7 @@ from tests import probe_ops
 from tests.conftest import compile_model
 
 import airstream
+from airstream import torch_internals
 from airstream.cli import main
 from airstream.examples.guide import Model, custom_pre_pass
 
@@ -106,11 +107,34 @@ def test_record_function_ranges_on_every_stream_under_torch_profiler() -> None:
     compiled, _ = compile_model(Model(), _guide())
     x = torch.randn(64, 64)
     compiled(x)
-    config = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+    config = torch_internals.profile_all_threads_config()
     with torch.profiler.profile(experimental_config=config) as prof:
         compiled(x)
     names = {e.name for e in prof.events()}
     assert {"stream_1:mm", "stream_1:abs_1", "main:add", "main:sub"} <= names
+
+
+def test_svg_without_graphviz_writes_dot_files_with_one_notice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airstream.debug import dump
+
+    monkeypatch.setattr(dump.shutil, "which", lambda name: None)
+    dump.warn_no_graphviz.cache_clear()
+    config = airstream.CompilerConfig()
+    config.debug.graph_dump.type = "svg"
+    config.debug.graph_dump.path = str(tmp_path)
+    with pytest.warns(UserWarning) as seen:
+        for size in (3, 5):  # two compiles, a dozen dumps
+            compiled, _ = compile_model(Model(), config, dynamic=False)
+            compiled(torch.randn(size, size))
+    notices = [w for w in seen if "Graphviz" in str(w.message)]
+    assert len(notices) == 1, [str(w.message) for w in seen]
+    assert "apt-get install graphviz" in str(notices[0].message)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert len(files) > 6 and not any(f.endswith(".svg") for f in files), files
+    assert any(f.endswith("_plan.dot") for f in files), files
+    dump.warn_no_graphviz.cache_clear()
 
 
 @pytest.mark.parametrize("kind", ["txt", "py", "dot", "svg"])
@@ -130,7 +154,7 @@ def test_dumps_in_documented_order_for_all_graph_kinds(kind: str, tmp_path: Path
     compiled, _ = compile_model(model, config)
     compiled(torch.randn(2, 4)).sum().backward()
     with torch.no_grad():
-        torch._dynamo.reset()
+        torch.compiler.reset()
         compiled2, _ = compile_model(model, config)
         compiled2(torch.randn(2, 4))
     ext = {"txt": "txt", "py": "py"}.get(kind, kind)
@@ -223,7 +247,7 @@ def test_explain_reports_without_running(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_explain_reports_a_graph_break() -> None:
     def with_break(x: torch.Tensor) -> torch.Tensor:
         y = x.sin()
-        torch._dynamo.graph_break()
+        torch_internals.dynamo_graph_break()()
         return y.cos()
 
     report = airstream.explain(with_break, torch.randn(3))

@@ -17,6 +17,7 @@ pass failure the graph from before the failing pass is written as ``NNN_<kind>_b
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import re
@@ -56,6 +57,18 @@ def _next_number(directory: str) -> int:
             ]
             counter = _numbers[directory] = itertools.count(max(existing, default=-1) + 1)
         return next(counter)
+
+
+@functools.cache  # one notice per process, however many dumps
+def warn_no_graphviz() -> None:
+    """Say once that svg dumps fall back to .dot files because Graphviz is missing."""
+    warnings.warn(
+        "airstream: debug.graph_dump.type='svg' needs Graphviz's `dot` program, which is not on "
+        "PATH, so graph dumps are written as .dot files (this notice appears once). Install "
+        "Graphviz for svg: apt-get install graphviz (Debian/Ubuntu) or brew install graphviz "
+        "(macOS); `airstream doctor` lists every optional part.",
+        stacklevel=4,
+    )
 
 
 def _slug(text: str) -> str:
@@ -148,11 +161,7 @@ class GraphDumper:
     def _render_svg(self, dot_path: str) -> str:
         exe = shutil.which("dot")
         if exe is None:
-            warnings.warn(
-                "airstream: debug.graph_dump.type='svg' needs Graphviz's `dot` program, which is "
-                "not on PATH; writing .dot files instead (install the graphviz package)",
-                stacklevel=2,
-            )
+            warn_no_graphviz()
             return dot_path
         svg_path = dot_path[: -len(".dot")] + ".svg"
         subprocess.run([exe, "-Tsvg", dot_path, "-o", svg_path], check=True, timeout=120)
