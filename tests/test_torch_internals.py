@@ -4,6 +4,7 @@ and a torch without one is a clear error (at the first compile, never a silent f
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 import tomllib
 from collections.abc import Iterator
@@ -230,3 +231,27 @@ def test_require_lists_every_missing_feature_of_a_group(monkeypatch: pytest.Monk
     message = str(info.value)
     assert "aot_module_simplified" in message and "min_cut_rematerialization_partition" in message
     assert info.value.feature == "aot_autograd, partitioner"
+
+
+def test_a_missing_python_package_is_named_with_its_install_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A probe that fails because a package (not torch) is absent says to install that package,
+    not to change torch (numpy missing made the OpInfo probe fail that way)."""
+
+    def needs_numpy() -> None:
+        raise ModuleNotFoundError("No module named 'numpy'", name="numpy")
+
+    original = torch_internals.FEATURES["opinfo"]
+    monkeypatch.setitem(
+        torch_internals.FEATURES, "opinfo", dataclasses.replace(original, probe=needs_numpy)
+    )
+    monkeypatch.delitem(torch_internals._resolved, "opinfo", raising=False)
+    monkeypatch.setattr(torch_internals, "_required", set())
+    with pytest.raises(TorchSupportError) as info:
+        torch_internals.opinfo_database()
+    message = str(info.value)
+    assert "the Python package 'numpy' is not installed" in message
+    assert "pip install numpy" in message and "pip install 'torch" not in message
+    with pytest.raises(TorchSupportError, match="pip install numpy"):
+        torch_internals.require("selftest")

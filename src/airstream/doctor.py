@@ -288,6 +288,7 @@ def collect() -> Report:
             "group": r.feature.group,
             "needed_for": torch_internals.GROUPS[r.feature.group],
             "problem": str(r.problem),
+            "install": f"pip install {r.package}" if r.package else "",
         }
         for r in results
         if r.problem is not None
@@ -322,6 +323,8 @@ def format_report(report: Report) -> str:
     for f in report.features:
         lines.append(f"  MISSING {f['api']}")
         lines.append(f"          needed for {f['needed_for']}: {f['problem']}")
+        if f["install"]:
+            lines.append(f"          install: {f['install']}")
     cpu = report.cpu
     lines += [
         "",

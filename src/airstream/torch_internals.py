@@ -188,7 +188,24 @@ if (_outside := support_problem()) is not None:
     )
 
 
-def _unsupported(feature: Feature, reason: str) -> TorchSupportError:
+def _missing_package(exc: BaseException) -> str | None:
+    """The Python package whose absence made a probe fail (not torch itself), if that was it."""
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        top = exc.name.split(".")[0]
+        if top not in ("torch", "functorch"):
+            return top
+    return None
+
+
+def _unsupported(feature: Feature, reason: str, package: str | None = None) -> TorchSupportError:
+    if package is not None:
+        return TorchSupportError(
+            f"airstream needs {feature.api} for {feature.purpose}; importing it failed because "
+            f"the Python package {package!r} is not installed ({reason}). Install it with pip "
+            f"install {package} (airstream's own dependencies: pip install -e '.[test]' in its "
+            "checkout), and run `airstream doctor` to check the rest.",
+            feature=feature.name,
+        )
     return TorchSupportError(
         f"airstream needs {feature.api} for {feature.purpose}, and torch {torch.__version__} "
         f"does not provide it: {reason}. airstream supports torch {SUPPORTED_TORCH} (tested: "
@@ -213,10 +230,12 @@ class Feature:
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """A probe's outcome: ``problem`` is None when the feature is present."""
+    """A probe's outcome: ``problem`` is None when the feature is present; ``package`` names a
+    missing Python package (not torch) when that is why it failed."""
 
     feature: Feature
     problem: str | None
+    package: str | None = None
 
 
 FEATURES: dict[str, Feature] = {}
@@ -245,7 +264,7 @@ def _get(name: str) -> Any:
     try:
         value = feature.probe()
     except Exception as exc:
-        raise _unsupported(feature, f"{type(exc).__name__}: {exc}") from exc
+        raise _unsupported(feature, f"{type(exc).__name__}: {exc}", _missing_package(exc)) from exc
     with _resolve_lock:
         _resolved[name] = value
     return value
@@ -257,7 +276,7 @@ def probe(name: str) -> ProbeResult:
     try:
         feature.probe()
     except Exception as exc:
-        return ProbeResult(feature, f"{type(exc).__name__}: {exc}")
+        return ProbeResult(feature, f"{type(exc).__name__}: {exc}", _missing_package(exc))
     return ProbeResult(feature, None)
 
 
@@ -286,11 +305,14 @@ def require(group: str) -> None:
     failures = [r for r in results if r.problem is not None]
     if failures:
         if len(failures) == 1:
-            raise _unsupported(failures[0].feature, str(failures[0].problem))
+            only = failures[0]
+            raise _unsupported(only.feature, str(only.problem), only.package)
         lines = "\n".join(f"  - {r.feature.api}: {r.problem}" for r in failures)
+        packages = sorted({r.package for r in failures if r.package})
+        hint = f"Install the missing packages: pip install {' '.join(packages)}. " * bool(packages)
         raise TorchSupportError(
             f"airstream needs private torch APIs for {GROUPS[group]} that torch "
-            f"{torch.__version__} does not provide:\n{lines}\nairstream supports torch "
+            f"{torch.__version__} does not provide:\n{lines}\n{hint}airstream supports torch "
             f"{SUPPORTED_TORCH} (tested: {', '.join(TESTED_TORCH)}); install one with pip "
             f"install 'torch{SUPPORTED_TORCH}', and run `airstream doctor` for the full list.",
             feature=", ".join(r.feature.name for r in failures),
