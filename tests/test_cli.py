@@ -117,3 +117,18 @@ def test_doctor_json_and_a_missing_private_api(
     assert "MISSING functorch.compile.min_cut_rematerialization_partition" in out
     assert "needed for every torch.compile with airstream: AttributeError" in out
     assert "airstream's core does NOT work on this torch" in out
+
+
+def test_doctor_on_an_untested_torch_with_every_api(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outside the range but nothing missing: said plainly, and not an error."""
+    monkeypatch.setattr(
+        torch_internals,
+        "support_problem",
+        lambda version=None: "airstream supports ...; this is torch 2.16.0",
+    )
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "UNSUPPORTED: airstream supports ...; this is torch 2.16.0" in out
+    assert "core APIs are present, but this torch is outside the tested range" in out

@@ -19,6 +19,8 @@ from airstream import torch_internals
 from airstream.cli import main
 from airstream.examples.guide import Model, custom_pre_pass
 
+graph_break = torch_internals.dynamo_graph_break()
+
 
 def _guide(**options: Any) -> airstream.CompilerConfig:
     config = airstream.CompilerConfig()
@@ -247,7 +249,7 @@ def test_explain_reports_without_running(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_explain_reports_a_graph_break() -> None:
     def with_break(x: torch.Tensor) -> torch.Tensor:
         y = x.sin()
-        torch_internals.dynamo_graph_break()()
+        graph_break()
         return y.cos()
 
     report = airstream.explain(with_break, torch.randn(3))

@@ -62,9 +62,9 @@ class Report:
 
     @property
     def healthy(self) -> bool:
-        """airstream's core works: a supported torch with every import/core feature."""
-        core = {"import", "core"}
-        return self.supported is None and not any(f["group"] in core for f in self.features)
+        """airstream's core can work: every private torch API it needs at import and for every
+        compile is present (an untested torch with all of them counts)."""
+        return not any(f["group"] in ("import", "core") for f in self.features)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -152,6 +152,10 @@ def _cpu() -> dict[str, Any]:
     }
 
 
+def _gpu_build() -> bool:
+    return bool(torch.version.cuda or getattr(torch.version, "hip", None))
+
+
 def _cuda() -> Part:
     needed = "the CUDA runtime (CUDA streams and events, CUDA graphs), Triton segments"
     install = (
@@ -159,7 +163,7 @@ def _cuda() -> Part:
         f"'torch{torch_internals.SUPPORTED_TORCH}' from the default index (its Linux wheels are "
         "the CUDA build)"
     )
-    if not torch.version.cuda:
+    if not _gpu_build():
         return Part(
             "CUDA",
             False,
@@ -190,7 +194,7 @@ def _triton() -> Part:
     needed = 'mode="max-autotune" on CUDA (Inductor\'s GPU kernels)'
     if version:
         return Part("Triton", True, f"triton {version}", needed)
-    if not torch.version.cuda:
+    if not _gpu_build():
         return Part("Triton", True, "not needed on a CPU build", needed)
     return Part(
         "Triton",
@@ -272,7 +276,7 @@ def _test_tools() -> Part:
             False,
             f"{text}; missing: {', '.join(missing)}",
             "running airstream's tests",
-            "the test suite cannot run",
+            "the README's test command (ruff check . && python -m pytest -q) cannot run",
             'pip install -e ".[test]" in a checkout of airstream',
         )
     return Part("test tools", True, text, "running airstream's tests")
@@ -347,9 +351,11 @@ def format_report(report: Report) -> str:
             lines.append(f"  {'':<8}{'':<19}without it: {part.without}")
         if not part.ok and part.install:
             lines.append(f"  {'':<8}{'':<19}install: {part.install}")
-    lines += [
-        "",
-        "airstream works" if report.healthy else "airstream's core does NOT work on this torch",
-        "(paste this whole output into bug reports)",
-    ]
+    if not report.healthy:
+        verdict = "airstream's core does NOT work on this torch (MISSING above)"
+    elif report.supported is not None:
+        verdict = "airstream's core APIs are present, but this torch is outside the tested range"
+    else:
+        verdict = "airstream works: a supported torch with every private API it needs"
+    lines += ["", verdict, "(paste this whole output into bug reports)"]
     return "\n".join(lines) + "\n"

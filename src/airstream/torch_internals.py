@@ -64,7 +64,7 @@ __all__ = [
     "detect_fake_mode",
     "dynamo_skip",
     "dynamo_unsupported",
-    "eval_frame_callback_set",
+    "eval_frame_callback_getter",
     "fake_store",
     "functional_collectives",
     "fxgraph_cache_hits",
@@ -96,6 +96,11 @@ __all__ = [
     "tag_original_aten",
     "torch_release",
     "collective_op",
+    "annotate",
+    "set_annotations",
+    "tree_flatten",
+    "tree_unflatten",
+    "flop_formula",
 ]
 
 # The torch releases airstream supports; pyproject.toml's dependency says the same (checked by
@@ -110,9 +115,12 @@ GROUPS: Mapping[str, str] = {
     "max-autotune": 'mode="max-autotune" (Inductor-compiled segments)',
     "profiler": "airstream.profile() and torch.profiler ranges",
     "explain": "airstream.explain and `airstream explain`",
+    "auto-streams": 'passes.auto_streams(cost_model="flops") (its flop estimates)',
     "collectives": "torch.distributed functional collectives in compiled graphs",
     "selftest": "`airstream selftest opinfo`",
     "testing": "airstream's own test suite",
+    # reporting only: a missing one warns once and the report says "unknown"; nothing fails
+    "diagnostics": "reports (cache hits, the graph-break warning, `airstream doctor`)",
 }
 
 # Private attributes of torch objects read here (the boundary test forbids them elsewhere).
@@ -197,20 +205,33 @@ def _missing_package(exc: BaseException) -> str | None:
     return None
 
 
+def _advice(group: str) -> str:
+    """What to do about a missing private torch API."""
+    if support_problem() is None:
+        return (
+            f"torch {torch.__version__} is in the supported range ({SUPPORTED_TORCH}), so this "
+            "is a bug in airstream (or a modified torch build): please report it"
+            + (" with `airstream doctor`'s output." if group != "import" else ".")
+        )
+    return (
+        f"airstream supports torch {SUPPORTED_TORCH} (tested: {', '.join(TESTED_TORCH)}): "
+        f"pip install 'torch{SUPPORTED_TORCH}'."
+        + (" `airstream doctor` lists everything this torch lacks." if group != "import" else "")
+    )
+
+
 def _unsupported(feature: Feature, reason: str, package: str | None = None) -> TorchSupportError:
     if package is not None:
         return TorchSupportError(
             f"airstream needs {feature.api} for {feature.purpose}; importing it failed because "
             f"the Python package {package!r} is not installed ({reason}). Install it with pip "
             f"install {package} (airstream's own dependencies: pip install -e '.[test]' in its "
-            "checkout), and run `airstream doctor` to check the rest.",
+            "checkout).",
             feature=feature.name,
         )
     return TorchSupportError(
         f"airstream needs {feature.api} for {feature.purpose}, and torch {torch.__version__} "
-        f"does not provide it: {reason}. airstream supports torch {SUPPORTED_TORCH} (tested: "
-        f"{', '.join(TESTED_TORCH)}); install one with pip install 'torch{SUPPORTED_TORCH}', "
-        "and run `airstream doctor` to see everything this torch lacks.",
+        f"does not provide it: {reason}. {_advice(feature.group)}",
         feature=feature.name,
     )
 
@@ -312,9 +333,7 @@ def require(group: str) -> None:
         hint = f"Install the missing packages: pip install {' '.join(packages)}. " * bool(packages)
         raise TorchSupportError(
             f"airstream needs private torch APIs for {GROUPS[group]} that torch "
-            f"{torch.__version__} does not provide:\n{lines}\n{hint}airstream supports torch "
-            f"{SUPPORTED_TORCH} (tested: {', '.join(TESTED_TORCH)}); install one with pip "
-            f"install 'torch{SUPPORTED_TORCH}', and run `airstream doctor` for the full list.",
+            f"{torch.__version__} does not provide:\n{lines}\n{hint}{_advice(group)}",
             feature=", ".join(r.feature.name for r in failures),
         )
     _required.add(group)
@@ -330,8 +349,13 @@ def _attr(path: str) -> Any:
 
 
 def _module_reads(module: str, *literals: str) -> None:
-    """Check that ``module``'s source still mentions each quoted literal (a meta key it reads)."""
-    source = inspect.getsource(importlib.import_module(module))
+    """Check that ``module``'s source still mentions each quoted literal (a meta key it reads).
+    A torch installed without its Python sources cannot be checked this way and passes."""
+    loaded = importlib.import_module(module)
+    try:
+        source = inspect.getsource(loaded)
+    except (OSError, TypeError):
+        return
     for literal in literals:
         if f'"{literal}"' not in source and f"'{literal}'" not in source:
             raise LookupError(f"{module} no longer mentions {literal!r}")
@@ -364,10 +388,24 @@ def _typed_dict_keys(fn: Callable[..., Any], hint: Any) -> set[str]:
 
 
 def _bind(name: str) -> Any:
+    """Resolve a feature while airstream is imported (a TorchSupportError fails the import)."""
+    return _get(name)
+
+
+_warned: set[str] = set()
+
+
+def _optional(name: str) -> Any | None:
+    """A diagnostics feature: its object, or None after one warning naming what is missing."""
     try:
         return _get(name)
     except TorchSupportError as exc:
-        raise ImportError(str(exc)) from exc
+        with _resolve_lock:
+            first = name not in _warned
+            _warned.add(name)
+        if first:
+            warnings.warn(f"{exc} Until then it reports 'unknown'.", stacklevel=3)
+        return None
 
 
 @_feature(
@@ -479,16 +517,30 @@ def collective_op_name(target: Any) -> str | None:
 @_feature(
     "trace_meta",
     "node.meta keys 'nn_module_stack' (Dynamo), 'fwd_nn_module_stack' (AOTAutograd, backward "
-    "nodes), 'stack_trace' and 'custom' (torch.fx.traceback.annotate)",
+    "nodes) and 'stack_trace'",
     "core",
-    "module-path selection in passes, source lines in errors, and airstream.stream's annotation",
+    "module-path selection in passes (backward graphs included) and source lines in errors",
 )
 def _probe_trace_meta() -> None:
     _module_reads("torch._functorch._aot_autograd.utils", "fwd_nn_module_stack", "nn_module_stack")
-    _module_reads("torch.fx.proxy", "nn_module_stack", "stack_trace", "custom")
-    _module_reads("torch.fx.traceback", "custom", "stack_trace")
+    _module_reads("torch.fx.proxy", "nn_module_stack", "stack_trace")
+
+
+@_feature(
+    "annotate",
+    "torch.fx.traceback.annotate and the node.meta['custom'] key it writes",
+    "import",
+    "airstream.stream's annotation, which carries a stream into backward graphs",
+)
+def _probe_annotate() -> Callable[..., Any]:
     annotate = _attr("torch.fx.traceback:annotate")
     _takes(annotate, "annotation_dict")
+    _module_reads("torch.fx.traceback", "custom")
+    _module_reads("torch.fx.proxy", "custom")
+    return annotate
+
+
+annotate: Callable[..., Any] = _bind("annotate")  # airstream.stream is traced by Dynamo: bound now
 
 
 def module_stack(node: torch.fx.Node) -> Mapping[str, Any]:
@@ -584,7 +636,7 @@ def min_cut_partition(joint: torch.fx.GraphModule, joint_inputs: Any, **kwargs: 
 @_feature(
     "eval_frame_callback",
     "torch._C._dynamo.eval_frame.get_eval_frame_callback",
-    "core",
+    "diagnostics",
     "warning when airstream.stream runs eagerly inside a torch.compile'd call (a graph break)",
 )
 def _probe_eval_frame_callback() -> Callable[[], Any]:
@@ -593,9 +645,11 @@ def _probe_eval_frame_callback() -> Callable[[], Any]:
     return get
 
 
-def eval_frame_callback_set() -> bool:
-    """True while Dynamo's frame hook is installed (eager code inside a compiled call)."""
-    return _get("eval_frame_callback")() not in (None, False)
+def eval_frame_callback_getter() -> Callable[[], Any] | None:
+    """Dynamo's C function returning its frame hook (set while eager code runs inside a compiled
+    call), to be called from a ``dynamo_skip`` frame: being C, it opens no frame Dynamo would
+    try to trace. None (after one warning) on a torch without it."""
+    return _optional("eval_frame_callback")
 
 
 # --- max-autotune: Inductor -------------------------------------------------------------------
@@ -652,7 +706,7 @@ def _probe_inductor_output_strides() -> None:
 @_feature(
     "fxgraph_cache_counter",
     "torch._dynamo.utils.counters['inductor']['fxgraph_cache_hit']",
-    "max-autotune",
+    "diagnostics",
     "reporting whether a segment came from Inductor's FX graph cache",
 )
 def _probe_fxgraph_cache_counter() -> Any:
@@ -712,15 +766,17 @@ def pin_output_strides(output: torch.fx.Node, strides: Sequence[Any]) -> None:
     output.meta["user_visible_output_idxs"] = [i for i, s in enumerate(strides) if s is not None]
 
 
-def fxgraph_cache_hits() -> int:
-    """How many times Inductor's FX graph cache has hit in this process."""
-    return _get("fxgraph_cache_counter")["inductor"]["fxgraph_cache_hit"]
+def fxgraph_cache_hits() -> int | None:
+    """How many times Inductor's FX graph cache has hit in this process (None: unknown, after
+    one warning, on a torch without the counter)."""
+    counters = _optional("fxgraph_cache_counter")
+    return None if counters is None else counters["inductor"]["fxgraph_cache_hit"]
 
 
 @_feature(
     "inductor_cpp_compiler",
     "torch._inductor.cpp_builder.get_cpp_compiler",
-    "max-autotune",
+    "diagnostics",
     "finding the C++ compiler Inductor builds CPU kernels with (`airstream doctor`)",
 )
 def _probe_inductor_cpp_compiler() -> Callable[[], str]:
@@ -730,6 +786,31 @@ def _probe_inductor_cpp_compiler() -> Callable[[], str]:
 def inductor_cpp_compiler() -> str:
     """The C++ compiler command Inductor uses for CPU kernels (``g++``, ``$CXX``, ...)."""
     return _get("inductor_cpp_compiler")()
+
+
+# --- auto_streams: the flop counter's formulas ----------------------------------------------
+
+
+@_feature(
+    "flop_formulas",
+    "torch.utils.flop_counter.flop_registry (op packet -> formula(*args, out_val=...))",
+    "auto-streams",
+    "estimating each node's flops in auto_streams' flops cost model",
+)
+def _probe_flop_formulas() -> Mapping[Any, Callable[..., Any]]:
+    registry = _attr("torch.utils.flop_counter:flop_registry")
+    a, b = torch.empty(4, 8, device="meta"), torch.empty(8, 16, device="meta")
+    flops = registry[torch.ops.aten.mm](a, b, out_val=torch.empty(4, 16, device="meta"))
+    if flops != 2 * 4 * 8 * 16:
+        raise ValueError(f"the mm formula counts {flops} flops for 4x8 @ 8x16, not 1024")
+    return registry
+
+
+def flop_formula(target: Any) -> Callable[..., Any] | None:
+    """torch's flop formula for an op overload (called as ``formula(*args, out_val=out)`` on
+    tensors or their metadata), or None for an op it has none for."""
+    packet = getattr(target, "overloadpacket", None)
+    return None if packet is None else _get("flop_formulas").get(packet)
 
 
 # --- profiler ---------------------------------------------------------------------------------

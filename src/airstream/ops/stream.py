@@ -7,10 +7,9 @@ import warnings
 from collections.abc import Iterator
 
 import torch
-import torch.fx.traceback as fx_traceback
 
 from airstream.ops.library import STREAM_LABEL_KEY, STREAM_PRIORITY_KEY
-from airstream.torch_internals import dynamo_skip, eval_frame_callback_set
+from airstream.torch_internals import annotate, dynamo_skip, eval_frame_callback_getter
 
 __all__ = ["STREAM_ANNOTATION", "STREAM_PRIORITY_ANNOTATION", "stream"]
 
@@ -19,10 +18,15 @@ STREAM_ANNOTATION = "air_stream"
 STREAM_PRIORITY_ANNOTATION = "air_stream_priority"
 
 
+_eval_frame_callback = eval_frame_callback_getter()  # a C function, or None
+
+
 @dynamo_skip  # never traced, and the frame hook stays visible inside
 def _under_torch_compile() -> bool:
-    """True when eager code runs inside a torch.compile'd call (Dynamo's frame hook is set)."""
-    return eval_frame_callback_set()
+    """True when eager code runs inside a torch.compile'd call (Dynamo's frame hook is set).
+    Only C calls in here: a Python call would open a frame Dynamo tries to compile."""
+    get = _eval_frame_callback
+    return get is not None and get() not in (None, False)
 
 
 @contextlib.contextmanager
@@ -57,7 +61,7 @@ def stream(label: str, priority: int = 0) -> Iterator[None]:
         yield
         return
     torch.ops.air.scope_enter([STREAM_LABEL_KEY, STREAM_PRIORITY_KEY], [label, str(priority)])
-    with fx_traceback.annotate({STREAM_ANNOTATION: label, STREAM_PRIORITY_ANNOTATION: priority}):
+    with annotate({STREAM_ANNOTATION: label, STREAM_PRIORITY_ANNOTATION: priority}):
         try:
             yield
         finally:

@@ -62,7 +62,8 @@ class CompiledSegment:
             ``extern:mm``, ...), in order of appearance in its code.
         compile_s: seconds spent compiling it (0 for a segment sharing an earlier compile).
         cache: ``miss`` (compiled now), ``hit`` (Inductor's FX graph cache), ``shared`` (same code
-            as an earlier segment of this graph) or ``fallback``.
+            as an earlier segment of this graph), ``fallback``, or ``unknown`` (compiled; this
+            torch does not say whether its cache hit).
         fallback: Inductor's error when the segment runs as aten code, else ``""``.
     """
 
@@ -203,7 +204,8 @@ def _compile(
     compiled, source = torch_internals.inductor_compile(
         decomposed, fakes, fake_mode=fake_mode, graph_kind=graph_kind, threads=threads
     )
-    cache = "hit" if torch_internals.fxgraph_cache_hits() > hits else "miss"
+    after = torch_internals.fxgraph_cache_hits()
+    cache = "unknown" if hits is None or after is None else "hit" if after > hits else "miss"
     return compiled, kernel_names(source), cache
 
 

@@ -40,7 +40,7 @@ import torch.fx
 from airstream.ops.library import is_air_op
 from airstream.passes.auto.cost import CostModel, flops_cost, profile_cost
 from airstream.passes.toolkit import place_on_stream
-from airstream.torch_internals import OpOverload, op_schema
+from airstream.torch_internals import OpOverload, op_schema, require
 
 __all__ = ["AutoStreamsDecision", "auto_streams", "schedule"]
 
@@ -173,6 +173,8 @@ def auto_streams(max_streams: int = 2, cost_model: str = "flops", min_gain: floa
         )
     if max_streams < 1:
         raise ValueError(f"auto_streams: max_streams must be >= 1, got {max_streams}")
+    if cost_model == "flops":
+        require("auto-streams")
     model: CostModel = flops_cost if cost_model == "flops" else profile_cost
 
     def auto_streams_pass(gm: torch.fx.GraphModule, inputs: Sequence[Any], cfg: Any) -> None:

@@ -14,9 +14,8 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch.utils.flop_counter import flop_registry
 
-from airstream.torch_internals import op_schema
+from airstream.torch_internals import flop_formula, op_schema
 
 __all__ = ["CostModel", "flops_cost", "profile_cost"]
 
@@ -56,9 +55,8 @@ def flops_cost(node: torch.fx.Node) -> float:
     target = node.target
     if _is_view(target):
         return DISPATCH_SECONDS
-    packet = getattr(target, "overloadpacket", None)
     flops = 0
-    formula = flop_registry.get(packet) if packet is not None else None
+    formula = flop_formula(target)
     if formula is not None:
         try:
             args = torch.fx.map_arg(node.args, _val)
