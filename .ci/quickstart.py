@@ -1,7 +1,7 @@
 """What .ci/run needs from the repository, read without importing anything it installs.
 
     python .ci/quickstart.py commands   the README's quick-start lines, one per line
-    python .ci/quickstart.py versions   the torch versions CI tests (airstream.torch_internals)
+    python .ci/quickstart.py versions   the torch versions CI tests (TESTED_TORCH)
 
 The quick start is the fenced block right after the ``<!-- ci:quick-start -->`` marker in
 README.md; CI runs its lines word for word, so the README cannot drift from what CI proves.
@@ -35,14 +35,14 @@ def quick_start() -> list[str]:
 
 
 def tested_versions() -> list[str]:
-    """``TESTED_TORCH`` from src/airstream/torch_internals.py."""
-    tree = ast.parse((ROOT / "src" / "airstream" / "torch_internals.py").read_text())
+    """``TESTED_TORCH`` from src/airstream/torch_internals/registry.py."""
+    tree = ast.parse((ROOT / "src" / "airstream" / "torch_internals" / "registry.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
             isinstance(t, ast.Name) and t.id == "TESTED_TORCH" for t in node.targets
         ):
             return list(ast.literal_eval(node.value))
-    raise SystemExit("TESTED_TORCH not found in src/airstream/torch_internals.py")
+    raise SystemExit("TESTED_TORCH not found in src/airstream/torch_internals/registry.py")
 
 
 if __name__ == "__main__":

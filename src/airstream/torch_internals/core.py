@@ -1,0 +1,270 @@
+"""Private torch APIs every compile needs: op classes and schemas, fake tensors, the grad-mode
+switch, the profiler flag, Dynamo's skip, node metadata torch's tracers write, AOTAutograd and the
+min-cut partitioner, and Dynamo's eval-frame getter."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.autograd.profiler
+import torch.fx
+
+from airstream.torch_internals.registry import (
+    _attr,
+    _bind,
+    _feature,
+    _get,
+    _module_reads,
+    _optional,
+    _takes,
+)
+
+# torch.distributed functional collectives (``torch.distributed._functional_collectives``)
+COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional"})
+
+
+@_feature(
+    "op_overload",
+    "torch._ops.OpOverload, OpOverloadPacket, OperatorBase and OpOverload._schema, ._opname, "
+    "._overloadname",
+    "import",
+    "recognising aten ops and reading their schemas (mutation, aliasing, names)",
+)
+def _probe_op_overload() -> tuple[type, type, type]:
+    ops = importlib.import_module("torch._ops")
+    op = torch.ops.aten.add_.Tensor
+    if not isinstance(op, ops.OpOverload):
+        raise TypeError("torch.ops.aten.add_.Tensor is not a torch._ops.OpOverload")
+    if not op._schema.is_mutable or op._opname != "add_" or op._overloadname != "Tensor":
+        raise AttributeError("OpOverload._schema/._opname/._overloadname changed meaning")
+    return ops.OpOverload, ops.OpOverloadPacket, ops.OperatorBase
+
+
+@_feature(
+    "fake_tensor",
+    "torch._subclasses.fake_tensor.FakeTensor, FakeTensorMode and torch._guards.detect_fake_mode",
+    "import",
+    "the example inputs passes receive and the metadata airstream fills in",
+)
+def _probe_fake_tensor() -> tuple[type, type, Callable[..., Any]]:
+    fake = importlib.import_module("torch._subclasses.fake_tensor")
+    detect = _attr("torch._guards:detect_fake_mode")
+    with fake.FakeTensorMode() as mode:
+        value = torch.empty(2)
+    if not isinstance(value, fake.FakeTensor) or detect([value]) is not mode:
+        raise TypeError("detect_fake_mode does not find a FakeTensor's mode")
+    return fake.FakeTensor, fake.FakeTensorMode, detect
+
+
+@_feature(
+    "grad_mode",
+    "torch._C._set_grad_enabled",
+    "import",
+    "following the caller's grad mode on stream worker threads (once per call)",
+)
+def _probe_grad_mode() -> Callable[[bool], None]:
+    fn = _attr("torch._C:_set_grad_enabled")
+    before = torch.is_grad_enabled()
+    fn(not before)
+    flipped = torch.is_grad_enabled()
+    fn(before)
+    if flipped == before:
+        raise RuntimeError("torch._C._set_grad_enabled does not change torch.is_grad_enabled()")
+    return fn
+
+
+@_feature(
+    "profiler_flag",
+    "torch.autograd.profiler._is_profiler_enabled",
+    "import",
+    "checking once per compiled call whether torch.profiler records (traced code or plain)",
+)
+def _probe_profiler_flag() -> Any:
+    module = torch.autograd.profiler
+    if not isinstance(module._is_profiler_enabled, bool):
+        raise TypeError("torch.autograd.profiler._is_profiler_enabled is not a bool")
+    return module
+
+
+@_feature(
+    "dynamo_skip",
+    "torch._dynamo.decorators.skip",
+    "import",
+    "keeping airstream.stream's eager-mode check out of Dynamo's tracing",
+)
+def _probe_dynamo_skip() -> Callable[..., Any]:
+    return _attr("torch._dynamo.decorators:skip")
+
+
+OpOverload, OpOverloadPacket, OperatorBase = _bind("op_overload")
+FakeTensor, FakeTensorMode, detect_fake_mode = _bind("fake_tensor")
+set_grad_enabled: Callable[[bool], None] = _bind("grad_mode")
+dynamo_skip: Callable[..., Any] = _bind("dynamo_skip")
+_profiler_module = _bind("profiler_flag")
+
+
+def profiler_enabled() -> bool:
+    """torch.profiler (or torch.autograd.profiler) is recording. One attribute read; unlike the
+    thread-local C++ check it is also set with ``profile_all_threads=True``."""
+    return _profiler_module._is_profiler_enabled
+
+
+def op_schema(target: Any) -> torch.FunctionSchema | None:
+    """The schema of an aten (or any registered) op overload; None for anything else."""
+    return target._schema if isinstance(target, OpOverload) else None
+
+
+def op_name(target: OpOverload) -> tuple[str, str, str]:
+    """``(namespace, name, overload)`` of an op overload: ``("aten", "mm", "default")``."""
+    return target.namespace, target._opname, target._overloadname
+
+
+def collective_op_name(target: Any) -> str | None:
+    """``all_reduce``, ``wait_tensor``, ... for a functional-collective op, else None."""
+    if isinstance(target, OpOverload) and target.namespace in COLLECTIVE_NAMESPACES:
+        return target._opname
+    return None
+
+
+# --- node metadata torch's tracers write ------------------------------------------------------
+
+
+@_feature(
+    "trace_meta",
+    "node.meta keys 'nn_module_stack' (Dynamo), 'fwd_nn_module_stack' (AOTAutograd, backward "
+    "nodes) and 'stack_trace'",
+    "core",
+    "module-path selection in passes (backward graphs included) and source lines in errors",
+)
+def _probe_trace_meta() -> None:
+    _module_reads("torch._functorch._aot_autograd.utils", "fwd_nn_module_stack", "nn_module_stack")
+    _module_reads("torch.fx.proxy", "nn_module_stack", "stack_trace")
+
+
+@_feature(
+    "annotate",
+    "torch.fx.traceback.annotate and the node.meta['custom'] key it writes",
+    "import",
+    "airstream.stream's annotation, which carries a stream into backward graphs",
+)
+def _probe_annotate() -> Callable[..., Any]:
+    annotate = _attr("torch.fx.traceback:annotate")
+    _takes(annotate, "annotation_dict")
+    _module_reads("torch.fx.traceback", "custom")
+    _module_reads("torch.fx.proxy", "custom")
+    return annotate
+
+
+annotate: Callable[..., Any] = _bind("annotate")  # airstream.stream is traced by Dynamo: bound now
+
+
+def module_stack(node: torch.fx.Node) -> Mapping[str, Any]:
+    """The node's ``nn_module_stack`` (forward and inference graphs) or, in a backward graph, the
+    stack of the forward node it came from (``fwd_nn_module_stack``); ``{}`` when unknown."""
+    return node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
+
+
+def stack_trace(node: torch.fx.Node) -> str | None:
+    """The Python stack the node was traced from, if recorded."""
+    return node.meta.get("stack_trace")
+
+
+def stream_annotations(node: torch.fx.Node) -> Mapping[str, Any]:
+    """The node's ``torch.fx.traceback.annotate`` annotations (``{}`` when none)."""
+    return node.meta.get("custom") or {}
+
+
+def set_annotations(node: torch.fx.Node, annotations: Mapping[str, Any]) -> None:
+    """Set the node's annotations, as ``torch.fx.traceback.annotate`` does while tracing."""
+    node.meta["custom"] = dict(annotations)
+
+
+# --- core: AOTAutograd and the partitioner ----------------------------------------------------
+
+
+@_feature(
+    "aot_autograd",
+    "torch._dynamo.backends.common.aot_autograd and torch._functorch.aot_autograd."
+    "aot_module_simplified(fw_compiler, bw_compiler, inference_compiler, decompositions, "
+    "partition_fn, keep_inference_input_mutations)",
+    "core",
+    "tracing Dynamo's graph into forward, backward and inference aten graphs",
+)
+def _probe_aot_autograd() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    aot = _attr("torch._dynamo.backends.common:aot_autograd")
+    simplified = _attr("torch._functorch.aot_autograd:aot_module_simplified")
+    _takes(
+        simplified,
+        "fw_compiler",
+        "bw_compiler",
+        "inference_compiler",
+        "decompositions",
+        "partition_fn",
+        "keep_inference_input_mutations",
+    )
+    return aot, simplified
+
+
+@_feature(
+    "partitioner",
+    "functorch.compile.min_cut_rematerialization_partition, torch._functorch.config.cse and "
+    "node.meta['partitioner_tag'] = 'must_be_in_forward'",
+    "core",
+    "splitting training graphs with every air op kept in the forward graph",
+)
+def _probe_partitioner() -> tuple[Callable[..., Any], Any]:
+    partition = _attr("functorch.compile:min_cut_rematerialization_partition")
+    _takes(partition, "joint_module", "num_fwd_outputs")
+    config = _attr("torch._functorch:config")
+    if not isinstance(config.cse, bool):
+        raise AttributeError("torch._functorch.config.cse is not a bool option")
+    _module_reads("torch._functorch.partitioners", "partitioner_tag", "must_be_in_forward")
+    return partition, config
+
+
+def aot_autograd(**kwargs: Any) -> Any:
+    """torch's ``aot_autograd`` backend factory (Dynamo graph -> AOTAutograd -> compilers)."""
+    return _get("aot_autograd")[0](**kwargs)
+
+
+def aot_module_simplified(*args: Any, **kwargs: Any) -> Any:
+    """AOTAutograd on a Dynamo graph, for code that wires the compilers itself."""
+    return _get("aot_autograd")[1](*args, **kwargs)
+
+
+def keep_in_forward(node: torch.fx.Node) -> None:
+    """Tell the partitioner that ``node`` must stay in the forward graph."""
+    node.meta["partitioner_tag"] = "must_be_in_forward"
+
+
+def min_cut_partition(joint: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+    """Inductor's min-cut partitioner with its own CSE off (it would merge identical air ops,
+    e.g. two scopes with the same label, and so move nodes off their stream)."""
+    partition, config = _get("partitioner")
+    with config.patch(cse=False):
+        return partition(joint, joint_inputs, **kwargs)
+
+
+# --- airstream.stream's eager check -----------------------------------------------------------
+
+
+@_feature(
+    "eval_frame_callback",
+    "torch._C._dynamo.eval_frame.get_eval_frame_callback",
+    "diagnostics",
+    "warning when airstream.stream runs eagerly inside a torch.compile'd call (a graph break)",
+)
+def _probe_eval_frame_callback() -> Callable[[], Any]:
+    get = _attr("torch._C._dynamo.eval_frame:get_eval_frame_callback")
+    get()
+    return get
+
+
+def eval_frame_callback_getter() -> Callable[[], Any] | None:
+    """Dynamo's C function returning its frame hook (set while eager code runs inside a compiled
+    call), to be called from a ``dynamo_skip`` frame: being C, it opens no frame Dynamo would
+    try to trace. None (after one warning) on a torch without it."""
+    return _optional("eval_frame_callback")

@@ -1,0 +1,157 @@
+"""Private Inductor APIs behind ``mode="max-autotune"``: compiling a segment, its decompositions,
+output strides, the FX graph cache counter and the C++ compiler lookup."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.autograd.profiler
+import torch.fx
+
+from airstream.torch_internals.core import OpOverload
+from airstream.torch_internals.registry import (
+    _attr,
+    _feature,
+    _get,
+    _module_reads,
+    _optional,
+    _takes,
+)
+
+# --- max-autotune: Inductor -------------------------------------------------------------------
+
+
+@_feature(
+    "inductor_compile",
+    "torch._inductor.compile_fx.compile_fx_inner(is_inference, is_backward), "
+    "torch._inductor.config.cpp.threads, torch._guards.TracingContext/tracing and the compiled "
+    "graph's source_code",
+    "max-autotune",
+    'compiling each segment with Inductor in mode="max-autotune"',
+)
+def _probe_inductor_compile() -> tuple[Callable[..., Any], Any, Any, Any]:
+    compile_inner = _attr("torch._inductor.compile_fx:compile_fx_inner")
+    _takes(compile_inner, "is_inference", "is_backward")
+    config = _attr("torch._inductor:config")
+    if not isinstance(config.cpp.threads, int):
+        raise AttributeError("torch._inductor.config.cpp.threads is not an int option")
+    context, tracing = _attr("torch._guards:TracingContext"), _attr("torch._guards:tracing")
+    output_code = _attr("torch._inductor.output_code:CompiledFxGraph")
+    if "source_code" not in getattr(output_code, "__dataclass_fields__", {}):
+        raise AttributeError("CompiledFxGraph has no source_code field")
+    return compile_inner, config, context, tracing
+
+
+@_feature(
+    "inductor_decompositions",
+    "torch._inductor.decomposition.select_decomp_table and node.meta['original_aten']",
+    "max-autotune",
+    "decomposing a segment the way Inductor expects, with descriptive kernel names",
+)
+def _probe_inductor_decompositions() -> Callable[[], Any]:
+    select = _attr("torch._inductor.decomposition:select_decomp_table")
+    if not select():
+        raise LookupError("select_decomp_table() returned an empty table")
+    _module_reads("torch.fx.experimental.proxy_tensor", "original_aten")
+    return select
+
+
+@_feature(
+    "inductor_output_strides",
+    "Inductor's output-node meta keys 'original_output_strides' and 'user_visible_output_idxs'",
+    "max-autotune",
+    "making every segment return its outputs in the strides its readers were compiled for",
+)
+def _probe_inductor_output_strides() -> None:
+    _module_reads(
+        "torch._inductor.compile_fx", "original_output_strides", "user_visible_output_idxs"
+    )
+    _module_reads("torch._inductor.graph", "original_output_strides", "user_visible_output_idxs")
+
+
+@_feature(
+    "fxgraph_cache_counter",
+    "torch._dynamo.utils.counters['inductor']['fxgraph_cache_hit']",
+    "diagnostics",
+    "reporting whether a segment came from Inductor's FX graph cache",
+)
+def _probe_fxgraph_cache_counter() -> Any:
+    counters = _attr("torch._dynamo.utils:counters")
+    _module_reads("torch._inductor.codecache", "fxgraph_cache_hit")
+    return counters
+
+
+@contextlib.contextmanager
+def _inductor_context(fake_mode: Any, threads: int) -> Iterator[None]:
+    _, config, context, tracing = _get("inductor_compile")
+    patches = {"cpp.threads": threads} if threads > 0 else {}
+    with tracing(context(fake_mode)), config.patch(patches):
+        yield
+
+
+def inductor_compile(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    fake_mode: Any,
+    graph_kind: str,
+    threads: int = 0,
+) -> tuple[Callable[[list[Any]], Any], str]:
+    """Compile a decomposed aten graph with Inductor, in a tracing context of ``fake_mode``;
+    ``threads`` > 0 fixes generated CPU kernels' intra-op threads. Returns the boxed callable
+    (takes a list of inputs) and Inductor's generated source (``""`` if it has none)."""
+    compile_inner = _get("inductor_compile")[0]
+    with _inductor_context(fake_mode, threads):
+        compiled = compile_inner(
+            gm,
+            list(example_inputs),
+            is_inference=graph_kind == "inference",
+            is_backward=graph_kind == "backward",
+        )
+    return compiled, getattr(compiled, "source_code", "") or ""
+
+
+def inductor_decomposition_table() -> Mapping[Any, Callable[..., Any]]:
+    """The decompositions Inductor applies before lowering."""
+    return _get("inductor_decompositions")()
+
+
+def tag_original_aten(gm: torch.fx.GraphModule) -> None:
+    """Record each op node's aten op as Inductor's kernel-naming metadata, if not set."""
+    _get("inductor_decompositions")
+    for node in gm.graph.nodes:
+        if isinstance(node.target, OpOverload):
+            node.meta.setdefault("original_aten", node.target)
+
+
+def pin_output_strides(output: torch.fx.Node, strides: Sequence[Any]) -> None:
+    """Make Inductor return each output in ``strides`` (None: not a tensor), as it does for a
+    graph's user-visible outputs, instead of a layout it prefers."""
+    _get("inductor_output_strides")
+    output.meta["original_output_strides"] = list(strides)
+    output.meta["user_visible_output_idxs"] = [i for i, s in enumerate(strides) if s is not None]
+
+
+def fxgraph_cache_hits() -> int | None:
+    """How many times Inductor's FX graph cache has hit in this process (None: unknown, after
+    one warning, on a torch without the counter)."""
+    counters = _optional("fxgraph_cache_counter")
+    return None if counters is None else counters["inductor"]["fxgraph_cache_hit"]
+
+
+@_feature(
+    "inductor_cpp_compiler",
+    "torch._inductor.cpp_builder.get_cpp_compiler",
+    "diagnostics",
+    "finding the C++ compiler Inductor builds CPU kernels with (`airstream doctor`)",
+)
+def _probe_inductor_cpp_compiler() -> Callable[[], str]:
+    return _attr("torch._inductor.cpp_builder:get_cpp_compiler")
+
+
+def inductor_cpp_compiler() -> str:
+    """The C++ compiler command Inductor uses for CPU kernels (``g++``, ``$CXX``, ...)."""
+    return _get("inductor_cpp_compiler")()

@@ -1,0 +1,277 @@
+"""Private torch APIs of airstream's tools: the flop counter's formulas (auto_streams), profiler
+ranges, explain, functional collectives, the OpInfo sweep and what the test suite needs."""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.autograd.profiler
+import torch.fx
+
+from airstream.torch_internals.core import OpOverload
+from airstream.torch_internals.registry import (
+    _attr,
+    _feature,
+    _get,
+)
+
+_COLLECTIVE_OPS = (
+    "all_reduce",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "all_to_all_single",
+    "wait_tensor",
+)
+
+# --- auto_streams: the flop counter's formulas ----------------------------------------------
+
+
+@_feature(
+    "flop_formulas",
+    "torch.utils.flop_counter.flop_registry (op packet -> formula(*args, out_val=...))",
+    "auto-streams",
+    "estimating each node's flops in auto_streams' flops cost model",
+)
+def _probe_flop_formulas() -> Mapping[Any, Callable[..., Any]]:
+    registry = _attr("torch.utils.flop_counter:flop_registry")
+    a, b = torch.empty(4, 8, device="meta"), torch.empty(8, 16, device="meta")
+    flops = registry[torch.ops.aten.mm](a, b, out_val=torch.empty(4, 16, device="meta"))
+    if flops != 2 * 4 * 8 * 16:
+        raise ValueError(f"the mm formula counts {flops} flops for 4x8 @ 8x16, not 1024")
+    return registry
+
+
+def flop_formula(target: Any) -> Callable[..., Any] | None:
+    """torch's flop formula for an op overload (called as ``formula(*args, out_val=out)`` on
+    tensors or their metadata), or None for an op it has none for."""
+    packet = getattr(target, "overloadpacket", None)
+    return None if packet is None else _get("flop_formulas").get(packet)
+
+
+# --- profiler ---------------------------------------------------------------------------------
+
+
+@_feature(
+    "record_function",
+    "torch.ops.profiler._record_function_enter_new and "
+    "torch.ops.profiler._record_function_exit._RecordFunction",
+    "profiler",
+    "naming each op `stream:node` in torch.profiler traces",
+)
+def _probe_record_function() -> tuple[Any, Any]:
+    return (
+        torch.ops.profiler._record_function_enter_new,
+        torch.ops.profiler._record_function_exit._RecordFunction,
+    )
+
+
+def record_function_enter(name: str) -> Any:
+    """Open a torch.profiler range on this thread; returns the handle to close it with."""
+    return _get("record_function")[0](name, None)
+
+
+def record_function_exit(handle: Any) -> None:
+    """Close a range opened by :func:`record_function_enter`."""
+    _get("record_function")[1](handle)
+
+
+@_feature(
+    "profiler_all_threads",
+    "torch._C._profiler._ExperimentalConfig(profile_all_threads=True)",
+    "testing",
+    "tests that profile the stream worker threads with torch.profiler",
+)
+def _probe_profiler_all_threads() -> Callable[..., Any]:
+    cls = _attr("torch._C._profiler:_ExperimentalConfig")
+    cls(profile_all_threads=True)
+    return cls
+
+
+def profile_all_threads_config() -> Any:
+    """A torch.profiler experimental config that records every thread, not just the caller."""
+    return _get("profiler_all_threads")(profile_all_threads=True)
+
+
+# --- explain ----------------------------------------------------------------------------------
+
+
+@_feature(
+    "dynamo_explain",
+    "torch._dynamo.exc.Unsupported and torch._dynamo.eval_frame.remove_from_cache",
+    "explain",
+    "finding graph breaks and compiling a model without keeping its compiled code",
+)
+def _probe_dynamo_explain() -> tuple[type, Callable[[Any], None]]:
+    unsupported = _attr("torch._dynamo.exc:Unsupported")
+    if not issubclass(unsupported, Exception):
+        raise TypeError("torch._dynamo.exc.Unsupported is not an exception")
+    return unsupported, _attr("torch._dynamo.eval_frame:remove_from_cache")
+
+
+def dynamo_unsupported() -> type[Exception]:
+    """The exception Dynamo raises for a graph break under ``fullgraph=True``."""
+    return _get("dynamo_explain")[0]
+
+
+def remove_from_dynamo_cache(fn: Any) -> None:
+    """Drop Dynamo's compiled code for ``fn`` (the next compile starts afresh)."""
+    _get("dynamo_explain")[1](fn)
+
+
+@_feature("graph_break", "torch._dynamo.graph_break", "testing", "tests that force graph breaks")
+def _probe_graph_break() -> Callable[[], None]:
+    return _attr("torch._dynamo:graph_break")
+
+
+def dynamo_graph_break() -> Callable[[], None]:
+    """The function that forces a Dynamo graph break where it is called (tests; resolve it
+    outside compiled code)."""
+    return _get("graph_break")
+
+
+@_feature(
+    "backend_registry",
+    "torch._dynamo.backends.registry.lookup_backend",
+    "testing",
+    "checking that torch.compile(backend='airstream') resolves to airstream's entry point",
+)
+def _probe_backend_registry() -> Callable[[str], Any]:
+    return _attr("torch._dynamo.backends.registry:lookup_backend")
+
+
+def lookup_backend(name: str) -> Any:
+    """The callable torch.compile uses for ``backend=name``."""
+    return _get("backend_registry")(name)
+
+
+# --- collectives ------------------------------------------------------------------------------
+
+
+@_feature(
+    "functional_collectives",
+    "torch.distributed._functional_collectives and the torch.ops._c10d_functional ops "
+    + ", ".join(_COLLECTIVE_OPS),
+    "collectives",
+    "compiling torch.distributed collectives and the tensor-parallel benchmark",
+)
+def _probe_functional_collectives() -> Any:
+    if not torch.distributed.is_available():
+        raise RuntimeError("torch.distributed is not available in this torch build")
+    namespace = torch.ops._c10d_functional
+    for name in _COLLECTIVE_OPS:
+        getattr(namespace, name).default  # noqa: B018 (resolving the op is the probe)
+    module = importlib.import_module("torch.distributed._functional_collectives")
+    for name in ("all_reduce", "all_gather_tensor", "reduce_scatter_tensor", "wait_tensor"):
+        getattr(module, name)
+    return module
+
+
+def functional_collectives() -> Any:
+    """``torch.distributed._functional_collectives`` (traceable collectives)."""
+    return _get("functional_collectives")
+
+
+def collective_op(name: str) -> OpOverload:
+    """The aten-level op of a functional collective: ``collective_op("all_reduce")``."""
+    _get("functional_collectives")
+    return getattr(torch.ops._c10d_functional, name).default
+
+
+@_feature(
+    "fake_process_group",
+    "torch.testing._internal.distributed.fake_pg.FakeStore",
+    "testing",
+    "tests of collectives on torch's in-process fake process group",
+)
+def _probe_fake_process_group() -> type:
+    return _attr("torch.testing._internal.distributed.fake_pg:FakeStore")
+
+
+def fake_store() -> Any:
+    """A store for ``dist.init_process_group("fake", ...)``."""
+    return _get("fake_process_group")()
+
+
+# --- selftest: the OpInfo sweep ---------------------------------------------------------------
+
+
+@_feature(
+    "opinfo",
+    "torch.testing._internal.common_methods_invocations.op_db, common_device_type."
+    "toleranceOverride and opinfo.core.DecorateInfo (needs numpy and expecttest)",
+    "selftest",
+    "sweeping PyTorch's OpInfo database through airstream",
+)
+def _probe_opinfo() -> tuple[Any, type, type]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        op_db = _attr("torch.testing._internal.common_methods_invocations:op_db")
+    if not op_db:
+        raise LookupError("op_db is empty")
+    return (
+        op_db,
+        _attr("torch.testing._internal.common_device_type:toleranceOverride"),
+        _attr("torch.testing._internal.opinfo.core:DecorateInfo"),
+    )
+
+
+def opinfo_database() -> Sequence[Any]:
+    """PyTorch's OpInfo database (``op_db``)."""
+    return _get("opinfo")[0]
+
+
+def opinfo_tolerance_decorators() -> tuple[type, type]:
+    """``(toleranceOverride, DecorateInfo)``: the classes an OpInfo's tolerances are read from."""
+    return _get("opinfo")[1], _get("opinfo")[2]
+
+
+@_feature(
+    "reference_backends",
+    "torch._dynamo.backends.debugging.aot_eager and torch._inductor.compile_fx.compile_fx",
+    "selftest",
+    "the aot_eager and Inductor columns the OpInfo sweep compares airstream with",
+)
+def _probe_reference_backends() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    return (
+        _attr("torch._dynamo.backends.debugging:aot_eager"),
+        _attr("torch._inductor.compile_fx:compile_fx"),
+    )
+
+
+@_feature(
+    "pytree",
+    "torch.utils._pytree.tree_flatten and tree_unflatten",
+    "selftest",
+    "rebuilding an OpInfo sample's arguments around new tensors",
+)
+def _probe_pytree() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    flatten = _attr("torch.utils._pytree:tree_flatten")
+    unflatten = _attr("torch.utils._pytree:tree_unflatten")
+    leaves, spec = flatten(((1, 2), {"a": 3}))
+    if leaves != [1, 2, 3] or unflatten(leaves, spec) != ((1, 2), {"a": 3}):
+        raise ValueError("tree_flatten/tree_unflatten do not round-trip")
+    return flatten, unflatten
+
+
+def tree_flatten(tree: Any) -> tuple[list[Any], Any]:
+    """torch's pytree flattening: ``(leaves, spec)``."""
+    return _get("pytree")[0](tree)
+
+
+def tree_unflatten(leaves: Sequence[Any], spec: Any) -> Any:
+    """The inverse of :func:`tree_flatten`."""
+    return _get("pytree")[1](list(leaves), spec)
+
+
+def aot_eager(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+    """torch's ``aot_eager`` backend (AOTAutograd, no compiler): the reference column."""
+    return _get("reference_backends")[0](gm, example_inputs)
+
+
+def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+    """Inductor as a Dynamo backend."""
+    return _get("reference_backends")[1](gm, list(example_inputs))
