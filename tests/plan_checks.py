@@ -66,8 +66,8 @@ def check_requirements(
                     event_clock[step.event] = dict(clock)
                 elif isinstance(step, Run):
                     clock[s.label] = runs[s.label]
-                    where[step.node] = (s.label, runs[s.label])
-                    clock_at[step.node] = dict(clock)
+                    where[step.node.name] = (s.label, runs[s.label])
+                    clock_at[step.node.name] = dict(clock)
                     runs[s.label] += 1
                 pointer[s.label] += 1
     # Resolve record tokens and find, for each wait node, the next node run on its stream.

@@ -36,7 +36,7 @@ def _layer(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def _names(graph: Any, label: str | None) -> list[str]:
-    return list(graph.plan.stream(label).runs)
+    return list(graph.plan.stream(label).run_names)
 
 
 def test_overlap_communication_moves_the_collective_and_what_only_it_needs(
@@ -80,8 +80,8 @@ def test_collectives_on_different_streams_are_issued_in_graph_order(fake_group: 
     assert_same(compiled(x), model(x), rtol=1e-6, atol=1e-6)
     plan = graph_of(backend, "inference").plan
     (sync,) = [s for s in plan.syncs if s.reason == "collective"]
-    assert (sync.producer, sync.producer_stream) == ("all_reduce", "comm")
-    assert (sync.consumer, sync.consumer_stream) == ("all_reduce_1", None)
+    assert (sync.producer.name, sync.producer_stream) == ("all_reduce", "comm")
+    assert (sync.consumer.name, sync.consumer_stream) == ("all_reduce_1", None)
 
 
 def test_a_pass_that_reorders_collectives_is_a_stream_error(fake_group: None) -> None:

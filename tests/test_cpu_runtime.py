@@ -201,3 +201,39 @@ def test_many_graphs_do_not_grow_threads() -> None:
     # At most the two workers e0 and e1 are new (none if an earlier test made them).
     assert worker_count() - workers_before <= 2
     assert threading.active_count() - threads_before <= 2
+
+
+def _two_stream_chain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    torch.ops.air.scope_enter(["_user_stream_label"], ["side"])
+    a = torch.mm(x, w).relu()  # reads x on the side stream
+    torch.ops.air.scope_exit()
+    b = torch.mm(x, w).sigmoid()  # and on main
+    return a + b  # a crosses from side to main
+
+
+@pytest.mark.parametrize("kind", ["serial", "cpu"])
+def test_a_call_empties_its_arguments_and_keeps_no_value(kind: str) -> None:
+    """The boxed convention: the executor empties the argument list, and once the call returns
+    nothing it made or was given stays alive (no input, no cross-stream slot, no worker job)."""
+    import weakref
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from airstream.runtime.serial import SerialExecutor
+    from airstream.schedule.plan import build_plan
+    from airstream.schedule.streams import assign_streams
+
+    w = torch.randn(8, 8)
+    gm = make_fx(_two_stream_chain, tracing_mode="fake")(torch.randn(4, 8), w)
+    plan = build_plan(gm, assign_streams(gm))
+    executor = SerialExecutor(gm, plan) if kind == "serial" else CpuExecutor(gm, plan, 1)
+    for _ in range(2):  # the second call also checks nothing of the first one lingers
+        x = torch.randn(4, 8)
+        want = _two_stream_chain(x, w)
+        x_ref = weakref.ref(x)
+        args = [x, w]
+        del x
+        got = executor(args)
+        assert args == []
+        assert x_ref() is None, "the input outlived the call"
+        assert_same(got, want)

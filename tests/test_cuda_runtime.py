@@ -3,6 +3,7 @@ events); real execution tests are marked ``cuda`` and skip without a GPU."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from tests.conftest import assert_same, compile_model, graph_of
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import airstream
+from airstream import torch_internals
 from airstream.examples.guide import Model, custom_pre_pass
 from airstream.runtime.cuda import CudaExecutor, CudaGraphExecutor, capture_blockers
 from airstream.schedule import assign_streams
@@ -100,6 +102,107 @@ def test_priority_reaches_the_plan() -> None:
 
 
 # ---- on a GPU -----------------------------------------------------------------------------
+
+
+class _StandInGraph:
+    """A CUDA graph stand-in: replay re-runs what was captured on the captured tensors."""
+
+    def __init__(self) -> None:
+        self.replays: list[Any] = []
+
+    def replay(self) -> None:
+        for fn in self.replays:
+            fn()
+
+
+class _StandInApi:
+    def __init__(self) -> None:
+        self.capturing: _StandInGraph | None = None
+
+    def graph(self) -> _StandInGraph:
+        return _StandInGraph()
+
+    @contextlib.contextmanager
+    def capture(self, graph: _StandInGraph) -> Any:
+        self.capturing = graph
+        try:
+            yield
+        finally:
+            self.capturing = None
+
+    def warmup_stream(self, device: torch.device) -> Any:
+        return contextlib.nullcontext()
+
+
+class _StandInInner:
+    """Computes ``x @ w`` like a CudaExecutor would; under capture, records a replay that reads
+    the captured tensors by address and writes the captured output in place."""
+
+    device = torch.device("cpu")
+    code = "x @ w"
+
+    def __init__(self, api: _StandInApi) -> None:
+        self.api = api
+        self.runs = 0
+
+    def run(self, args: list[Any], tracking: bool = True) -> Any:
+        x, w = args
+        args.clear()
+        self.runs += 1
+        out = x @ w
+        graph = self.api.capturing
+        if graph is not None:
+            graph.replays.append(lambda: out.copy_(x @ w))
+        return (out,)
+
+    def __call__(self, args: list[Any]) -> Any:
+        return self.run(args)
+
+
+def test_cuda_graph_captures_weights_by_address_and_copies_only_inputs() -> None:
+    x, w = torch.randn(4, 8), torch.randn(8, 3)
+    gm = make_fx(lambda x, w: x @ w, tracing_mode="fake")(x, w)
+    api = _StandInApi()
+    inner = _StandInInner(api)
+    executor = CudaGraphExecutor(inner, gm, static=(1,), warmup=2, api=api)
+    executor.blockers = []  # CPU tensors would block capture; the bookkeeping is what is tested
+    args = [x, w]
+    assert_same(executor(args), (x @ w,))
+    assert args == [], "the boxed convention: the argument list is emptied"
+    assert executor.captures == 1 and inner.runs == 3  # 2 warm-up runs, 1 capture
+    assert executor._inputs[1] is w, "the weight is captured by address, not cloned"
+    assert executor._inputs[0] is not x, "the input is copied into the graph's own buffer"
+    x2 = torch.randn(4, 8)
+    assert_same(executor([x2, w]), (x2 @ w,))
+    assert executor.captures == 1 and inner.runs == 3, "a replay runs nothing again"
+    with torch.no_grad():
+        w.add_(1.0)  # updated in place (an optimizer step): the replay reads the new values
+    assert_same(executor([x2, w]), (x2 @ w,))
+    w_new = torch.randn(8, 3)  # a different tensor (load_state_dict with assign=True)
+    assert_same(executor([x2, w_new]), (x2 @ w_new,))
+    assert executor.captures == 2 and executor._inputs[1] is w_new
+
+
+def test_static_inputs_are_the_parameters_and_buffers() -> None:
+    seen: list[Any] = []
+
+    def compiler(gm: torch.fx.GraphModule, inputs: Any) -> Any:
+        seen.append(torch_internals.static_input_indices())
+        seen.append([tuple(i.shape) for i in inputs])
+        return airstream.get_compiler()(gm, inputs)
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)).eval()
+    backend = torch_internals.aot_autograd(fw_compiler=compiler)
+    compiled = torch.compile(model, backend=backend)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert_same(compiled(x), model(x), rtol=1e-6, atol=1e-6)
+    static, shapes = seen[0], seen[1]
+    assert static is not None
+    # Linear's weight and bias, BatchNorm's weight, bias, running mean and variance, and its
+    # step counter: static; the one input that is not is x
+    dynamic = [i for i in range(len(shapes)) if i not in static]
+    assert len(dynamic) == 1 and shapes[dynamic[0]] == (3, 4), (static, shapes)
 
 
 @pytest.mark.cuda

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 import airstream
-import airstream.runtime.inductor as inductor_runtime
-from airstream.schedule.plan import Record, Run, Wait
-from airstream.schedule.segments import fusible
+import airstream.schedule.fuse as inductor_runtime
+from airstream.effects import fusible
+from airstream.nodes import segment_of
+from airstream.schedule.plan import Record, Wait
 from conftest import assert_same, cause_of, compile_model, graph_of
 from plan_checks import simulate
 
@@ -78,9 +79,10 @@ def test_segments_never_span_a_stream_or_a_sync_and_match_eager() -> None:
     for seg in graph.segments:
         # contiguous Runs of one stream in the unsegmented plan, no Record/Wait in between
         steps = list(ref.plan.stream(seg.segment.stream).steps)
-        first = steps.index(Run(seg.segment.nodes[0]))
+        names = [str(step) for step in steps]
+        first = names.index(f"run {seg.segment.nodes[0]}")
         window = steps[first : first + len(seg.segment.nodes)]
-        assert window == [Run(n) for n in seg.segment.nodes], seg.segment
+        assert names[first : first + len(window)] == [f"run {n}" for n in seg.segment.nodes]
         assert not any(isinstance(s, Record | Wait) for s in window)
         assert all(ref.streams.stream(n) == seg.segment.stream for n in seg.segment.nodes)
         assert any(k.startswith("cpp_fused_") for k in seg.kernels), seg.kernels
@@ -90,9 +92,9 @@ def test_segments_never_span_a_stream_or_a_sync_and_match_eager() -> None:
     ]
     for seg in graph.segments:
         program = graph.plan.stream(seg.segment.stream)
-        assert program.runs.count(seg.node) == 1
+        assert program.run_names.count(seg.node) == 1
         node = next(n for n in graph.graph_module.graph.nodes if n.name == seg.node)
-        assert node.meta["air_segment"] is seg
+        assert segment_of(node) is seg
     simulate(graph.plan)
     # the mutation of the input is inside a compiled segment
     fused = {n for s in graph.segments for n in s.segment.nodes}

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 
@@ -21,6 +24,39 @@ def test_schemas_match_design() -> None:
     }
 
 
+# One sample call per air op for `torch.library.opcheck` (built fresh per test). Every op in
+# AIR_OPS needs an entry: test_opcheck_samples_cover_air_ops fails when one is missing.
+_OPCHECK_SAMPLES: dict[str, Callable[[], tuple[object, ...]]] = {
+    "scope_enter": lambda: (["_user_stream_label"], ["s1"]),
+    "scope_exit": lambda: (),
+    "record": lambda: (),
+    "wait": lambda: ([torch.randn(2)],),
+    "wait_tensor": lambda: (torch.randn(3, requires_grad=True), torch.randn(3)),
+}
+
+
+def _op_name(op: Any) -> str:
+    return str(op).split(".")[1]  # air.wait_tensor.default -> wait_tensor
+
+
+def test_opcheck_samples_cover_air_ops() -> None:
+    assert set(_OPCHECK_SAMPLES) == {_op_name(op) for op in AIR_OPS}
+
+
+@pytest.mark.parametrize("op", sorted(AIR_OPS, key=_op_name), ids=_op_name)
+def test_opcheck(op: Any) -> None:
+    name = _op_name(op)
+    assert name in _OPCHECK_SAMPLES, f"no opcheck sample for air::{name}: add one"
+    torch.library.opcheck(op, _OPCHECK_SAMPLES[name]())
+
+
+def test_opcheck_wait_tensor_keeps_layout() -> None:
+    # Fake and eager kernels must agree on strides for non-contiguous inputs too.
+    dep = torch.randn(1)
+    for x in (torch.randn(3, 4).t(), torch.randn(3, 1).expand(3, 4), torch.randn(4, 6)[:, ::2]):
+        torch.library.opcheck(torch.ops.air.wait_tensor.default, (x, dep))
+
+
 def test_all_air_ops_are_side_effectful() -> None:
     graph = torch.fx.Graph()
     for op in AIR_OPS:
@@ -34,7 +70,10 @@ def test_eager_ops_are_noops() -> None:
     assert isinstance(token, torch.Tensor) and token.numel() == 0
     assert torch.ops.air.wait([token]) is None
     t, d = torch.randn(3), torch.randn(2)
-    assert torch.ops.air.wait_tensor(t, d) is t
+    out = torch.ops.air.wait_tensor(t, d)
+    # The schema declares no alias, so eager returns an equal tensor with its own storage.
+    assert out is not t and out.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
+    assert torch.equal(out, t)
 
 
 def test_wait_tensor_is_identity_for_autograd() -> None:
@@ -50,7 +89,7 @@ def test_wrappers() -> None:
     token = airstream.ops.record()
     airstream.ops.wait([token, torch.ones(1)])
     t = torch.randn(2)
-    assert airstream.ops.wait_tensor(t, token) is t
+    assert torch.equal(airstream.ops.wait_tensor(t, token), t)
 
 
 @pytest.mark.parametrize(

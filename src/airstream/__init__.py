@@ -8,9 +8,9 @@ opt = torch.compile(model, backend=airstream.get_backend(compiler_config=config)
 from airstream import ops, passes
 from airstream.backend import get_backend, get_compiler, get_npu_backend
 from airstream.config import CompilerConfig
-from airstream.debug.explain import explain
 from airstream.debug.profile import profile
 from airstream.errors import ConfigError, PassError, StreamError, TorchSupportError
+from airstream.explain import explain
 from airstream.ops.stream import stream
 
 __all__ = [

@@ -24,12 +24,14 @@ from airstream.config import CompilerConfig
 from airstream.debug.dump import DumpObserver, GraphDumper, dumper_for
 from airstream.decompositions import decomposition_table
 from airstream.errors import ConfigError
+from airstream.observers import CompileObserver, Observers
 from airstream.ops.library import is_air_op
-from airstream.passes.manager import PassManager, PassObserver, PassResult, PassSpec
+from airstream.passes.manager import PassManager, PassResult
+from airstream.runtime.codegen import Executor
 from airstream.runtime.cpu import CpuExecutor
 from airstream.runtime.cuda import CudaExecutor, CudaGraphExecutor
-from airstream.runtime.inductor import CompiledSegment, fuse_streams
 from airstream.runtime.serial import SerialExecutor
+from airstream.schedule.fuse import CompiledSegment, fuse_streams
 from airstream.schedule.plan import StreamPlan, build_plan
 from airstream.schedule.streams import StreamAssignment, assign_streams
 
@@ -46,9 +48,6 @@ __all__ = [
 GRAPH_KINDS = ("inference", "forward", "backward")
 
 
-Executor = SerialExecutor | CpuExecutor | CudaExecutor | CudaGraphExecutor
-
-
 @dataclass(frozen=True)
 class CompiledGraph:
     """One compiled graph: its kind, the optimized graph, its streams and plan, the passes run,
@@ -61,6 +60,11 @@ class CompiledGraph:
     passes: tuple[PassResult, ...]
     executor: Executor
     segments: tuple[CompiledSegment, ...] = ()
+
+    @property
+    def fallbacks(self) -> int:
+        """max-autotune segments Inductor could not compile (they run as aten code)."""
+        return sum(1 for s in self.segments if s.node is None)
 
 
 def _keep_air_ops_in_forward(joint: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
@@ -95,144 +99,129 @@ def _graph_kind(gm: torch.fx.GraphModule) -> str:
     return "forward"
 
 
-class _Observers(PassObserver):
-    """Several observers as one."""
-
-    def __init__(self, observers: Sequence[PassObserver]) -> None:
-        self.observers = tuple(observers)
-
-    def started(self, gm: torch.fx.GraphModule, graph_kind: str) -> None:
-        for o in self.observers:
-            o.started(gm, graph_kind)
-
-    def before_pass(self, spec: PassSpec, gm: torch.fx.GraphModule, graph_kind: str) -> None:
-        for o in self.observers:
-            o.before_pass(spec, gm, graph_kind)
-
-    def stage_done(self, stage: str, gm: torch.fx.GraphModule, graph_kind: str) -> None:
-        for o in self.observers:
-            o.stage_done(stage, gm, graph_kind)
-
-    def failed(self, spec: PassSpec, gm: torch.fx.GraphModule, graph_kind: str) -> str | None:
-        paths = [p for o in self.observers if (p := o.failed(spec, gm, graph_kind))]
-        return paths[0] if paths else None
-
-
 class GraphCompiler:
-    """An AOTAutograd graph compiler: ``(gm, example_inputs) -> boxed callable``."""
+    """An AOTAutograd graph compiler: ``(gm, example_inputs) -> boxed callable``.
+
+    Passes -> stream analysis -> plan -> (max-autotune: fuse each stream's segments, then plan
+    the fused graph) -> executor; every step announced to ``observer``.
+    """
 
     def __init__(
         self,
         config: CompilerConfig,
         kind: str | None,
-        on_compiled: Callable[[CompiledGraph], None] | None = None,
-        dumper: GraphDumper | None = None,
-        observer: PassObserver | None = None,
+        observer: CompileObserver | None = None,
     ) -> None:
         if kind is not None and kind not in GRAPH_KINDS:
             raise ValueError(f"graph kind must be one of {GRAPH_KINDS}, got {kind!r}")
         self.config = config
         self.kind = kind
-        self.on_compiled = on_compiled
-        self.dumper = dumper
         self.observer = observer
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Executor:
         torch_internals.require("core")
+        config = self.config
         kind = self.kind or _graph_kind(gm)
-        dumper = self.dumper if self.dumper is not None else dumper_for(self.config)
-        observers = [o for o in (self.observer,) if o is not None]
-        if dumper is not None:
-            observers.append(DumpObserver(dumper))
-        observer = observers[0] if len(observers) == 1 else _Observers(observers)
-        results = PassManager(self.config, observer if observers else None).run(
-            gm, example_inputs, kind
-        )
-        streams = assign_streams(
-            gm, single_stream=self.config.ge_config.enable_single_stream, graph_kind=kind
-        )
+        observer = self.observer
+        if observer is None:  # called directly (get_compiler): dumps as the config asks
+            dumper = dumper_for(config)
+            observer = DumpObserver(dumper) if dumper is not None else CompileObserver()
+        results = PassManager(config, observer).run(gm, example_inputs, kind)
+        single = config.ge_config.enable_single_stream
+        streams = assign_streams(gm, single_stream=single, graph_kind=kind)
         plan = build_plan(gm, streams)
         segments: tuple[CompiledSegment, ...] = ()
-        if self.config.mode == "max-autotune":
-            plan, streams, segments = fuse_streams(
+        if config.mode == "max-autotune":
+            segments = fuse_streams(
                 gm,
                 plan,
-                streams,
                 graph_kind=kind,
-                min_ops=self.config.experimental_config.min_segment_ops,
-                threads_per_stream=self.config.stream_config.threads_per_stream,
-                strict=self.config.debug.strict_max_autotune,
+                min_ops=config.experimental_config.min_segment_ops,
+                threads_per_stream=config.stream_config.threads_per_stream,
+                strict=config.debug.strict_max_autotune,
             )
-        executor = self._executor(gm, plan, streams)
-        if dumper is not None:
-            dumper.dump(kind, "plan", gm, streams=streams, plan=plan, code=executor.code)
-            dumper.summary(kind, plan, segments)
-        if self.on_compiled is not None:
-            self.on_compiled(
-                CompiledGraph(kind, gm, streams, plan, tuple(results), executor, segments)
-            )
+            if any(s.node is not None for s in segments):  # plan the graph that will run
+                streams = assign_streams(gm, single_stream=single, graph_kind=kind)
+                plan = build_plan(gm, streams)
+        executor = self._executor(gm, plan, kind)
+        observer.plan_built(kind, gm, streams, plan, executor.code)
+        observer.graph_compiled(
+            CompiledGraph(kind, gm, streams, plan, tuple(results), executor, segments)
+        )
         return executor
 
-    def _executor(
-        self, gm: torch.fx.GraphModule, plan: StreamPlan, streams: StreamAssignment
-    ) -> Executor:
+    def _executor(self, gm: torch.fx.GraphModule, plan: StreamPlan, kind: str) -> Executor:
         """Serial for run_eagerly; CUDA streams (and graphs) on CUDA; threads on CPU.
 
         A CPU graph with nothing off the main stream runs serially: no thread to hand off to.
         """
         if self.config.debug.run_eagerly:
-            return SerialExecutor(gm, streams)
+            return SerialExecutor(gm, plan)
         device = _cuda_device(gm)
         if device is not None:
             executor = CudaExecutor(gm, plan, device)
             if self.config.mode == "reduce-overhead":
-                return CudaGraphExecutor(executor, gm)
+                # Parameters and buffers are the same tensors every call: captured by address.
+                torch_internals.require("cuda-graphs")
+                static = torch_internals.static_input_indices() if kind != "backward" else None
+                return CudaGraphExecutor(executor, gm, static or ())
             return executor
         if not any(s.runs for s in plan.side_streams):
-            return SerialExecutor(gm, streams)
+            return SerialExecutor(gm, plan)
         return CpuExecutor(gm, plan, self.config.stream_config.threads_per_stream)
+
+
+class _Record(CompileObserver):
+    """Appends every compiled graph to a backend's ``graphs``."""
+
+    def __init__(self, graphs: list[CompiledGraph], lock: threading.Lock) -> None:
+        self.graphs = graphs
+        self.lock = lock
+
+    def graph_compiled(self, compiled: CompiledGraph) -> None:
+        with self.lock:
+            self.graphs.append(compiled)
 
 
 class AirstreamBackend:
     """The callable handed to ``torch.compile(backend=...)``.
 
     ``graphs`` lists every graph compiled through this backend (a CompiledGraph each), for
-    inspection in tests, notebooks and tools; it is only written at compile time.
+    inspection in tests, notebooks and tools; it is only written at compile time. ``observers``
+    receive every compile event (:mod:`airstream.observers`); graph dumps subscribe when the
+    config asks for them (``dumpers``: one per Dynamo graph).
     """
 
     def __init__(
         self,
         config: CompilerConfig,
         decompositions: Mapping[Any, Callable[..., Any]] | None = None,
+        observers: Sequence[CompileObserver] = (),
     ) -> None:
         self.config = config
         self.decompositions = decomposition_table(decompositions)
         self.graphs: list[CompiledGraph] = []
-        self.dumpers: list[GraphDumper] = []  # one per Dynamo graph when dumps are on
+        self.dumpers: list[GraphDumper] = []
+        self.observers = tuple(observers)
         self._lock = threading.Lock()
-
-    def _observer(self) -> PassObserver | None:
-        """An extra pass-pipeline observer for every graph (subclasses, e.g. explain)."""
-        return None
-
-    def _record(self, compiled: CompiledGraph) -> None:
-        with self._lock:
-            self.graphs.append(compiled)
 
     def __call__(
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
     ) -> Callable[..., Any]:
         torch_internals.require("core")
         config = self.config
+        subscribers: list[CompileObserver] = [_Record(self.graphs, self._lock), *self.observers]
         dumper = dumper_for(config)
         if dumper is not None:
-            dumper.dump("dynamo", "", gm)
-            self.dumpers.append(dumper)
-        observer = self._observer()
+            with self._lock:
+                self.dumpers.append(dumper)
+            subscribers.append(DumpObserver(dumper))
+        observer = Observers(subscribers)
+        observer.graph_traced(gm)
         aot = torch_internals.aot_autograd(
-            fw_compiler=GraphCompiler(config, "forward", self._record, dumper, observer),
-            bw_compiler=GraphCompiler(config, "backward", self._record, dumper, observer),
-            inference_compiler=GraphCompiler(config, "inference", self._record, dumper, observer),
+            fw_compiler=GraphCompiler(config, "forward", observer),
+            bw_compiler=GraphCompiler(config, "backward", observer),
+            inference_compiler=GraphCompiler(config, "inference", observer),
             decompositions=self.decompositions,
             partition_fn=_keep_air_ops_in_forward,
             keep_inference_input_mutations=config.experimental_config.keep_inference_input_mutations,
@@ -257,13 +246,15 @@ def get_backend(
     compiler_config: CompilerConfig | None = None,
     *,
     decompositions: Mapping[Any, Callable[..., Any]] | None = None,
+    observers: Sequence[CompileObserver] = (),
 ) -> AirstreamBackend:
     """The backend for ``torch.compile(model, backend=get_backend(config))``.
 
     The config object is read at compile time (each graph), and is the object passes receive.
-    ``decompositions`` adds entries to airstream's (empty by default) decomposition table.
+    ``decompositions`` adds entries to airstream's (empty by default) decomposition table;
+    ``observers`` receive its compile events (:class:`airstream.observers.CompileObserver`).
     """
-    return AirstreamBackend(_check_config(compiler_config), decompositions)
+    return AirstreamBackend(_check_config(compiler_config), decompositions, observers)
 
 
 get_npu_backend = get_backend

@@ -1,4 +1,4 @@
-"""``airstream demo``: DESIGN.md section 1's example end to end, explained as it runs."""
+"""``airstream demo``: the TorchAir custom-pass guide's example end to end, explained as it runs."""
 
 from __future__ import annotations
 

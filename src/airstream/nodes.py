@@ -3,18 +3,32 @@
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 import torch.fx
 
 from airstream.torch_internals import OpOverload, collective_op_name, op_name, stack_trace
 
+if TYPE_CHECKING:  # types only: the fuser (schedule/fuse.py) sits above this module
+    from airstream.schedule.fuse import CompiledSegment
+
 __all__ = [
+    "SEGMENT_KEY",
+    "segment_of",
     "describe",
     "is_collective",
     "is_collective_wait",
     "source_line",
     "target_name",
 ]
+
+
+SEGMENT_KEY = "air_segment"  # node.meta key of a fused max-autotune node: its CompiledSegment
+
+
+def segment_of(node: torch.fx.Node) -> CompiledSegment | None:
+    """The CompiledSegment a fused max-autotune node runs, or None for any other node."""
+    return node.meta.get(SEGMENT_KEY)
 
 
 def _collective_op(node: torch.fx.Node) -> str | None:
@@ -44,9 +58,10 @@ def target_name(node: torch.fx.Node) -> str:
     target = node.target
     if isinstance(target, OpOverload):
         return ".".join(op_name(target))
-    if "air_segment" in node.meta:  # max-autotune: an Inductor-compiled segment
+    if SEGMENT_KEY in node.meta:  # max-autotune: an Inductor-compiled segment
         return "inductor_segment"
-    return getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+    return str(name) if name is not None else repr(target)
 
 
 def source_line(node: torch.fx.Node) -> str | None:

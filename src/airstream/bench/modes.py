@@ -18,6 +18,7 @@ in a second process with the same directory (warm).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -168,9 +169,9 @@ def run_modes(
         for streams in (1, 2):
             compiled, backend = _airstream(model, mode, streams, pattern)
             runner = f"airstream {mode} {streams} stream{'s' if streams > 1 else ''}"
-            candidates[runner] = with_threads(threads, lambda c=compiled: c(x))
+            candidates[runner] = with_threads(threads, functools.partial(compiled, x))
             backends[runner] = backend
-    parts = list(model.branches if name == "branches-pointwise" else model.experts)
+    parts = list(getattr(model, "branches" if name == "branches-pointwise" else "experts"))
     if inductor:
         candidates["hand-written threads (Inductor parts)"] = with_threads(1, _HandSplit(parts, x))
     with torch.no_grad():

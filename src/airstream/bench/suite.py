@@ -5,6 +5,7 @@ the caller included (the runtime sets it)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -93,7 +94,7 @@ def run_suite(
     backends = {}
     for runner, graph_pass in passes.items():
         compiled, backend = _compiled(model, graph_pass)
-        candidates[f"airstream {runner}"] = lambda c=compiled: c(x)
+        candidates[f"airstream {runner}"] = functools.partial(compiled, x)
         backends[runner] = backend
     with torch.no_grad():
         want = model(x)

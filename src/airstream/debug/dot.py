@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch.fx
 
-from airstream.nodes import source_line, target_name
+from airstream.nodes import segment_of, source_line, target_name
 from airstream.ops.library import record, scope_enter, scope_exit, wait, wait_tensor
 from airstream.schedule.plan import StreamPlan
 from airstream.schedule.streams import StreamAssignment
@@ -67,8 +67,7 @@ def to_dot(
             attrs.update(shape="cds", fillcolor="#eeeeee", label=text)
         elif node.target in (record, wait):
             attrs.update(shape="diamond", fillcolor=colour.get(label, "white"), label=node.name)
-        elif "air_segment" in node.meta:  # max-autotune: what Inductor fused, and into what
-            seg = node.meta["air_segment"]
+        elif (seg := segment_of(node)) is not None:  # max-autotune: what Inductor fused
             attrs.update(
                 fillcolor=colour.get(label, "white"),
                 peripheries="2",
@@ -111,8 +110,8 @@ def to_dot(
             if sync.automatic:
                 text = f"sync e{sync.event} ({sync.reason})"
                 lines.append(
-                    f"  {_q(sync.producer)} -> {_q(sync.consumer)} [style=bold, color=red, "
-                    f"fontcolor=red, label={_q(text)}, constraint=false];"
+                    f"  {_q(sync.producer.name)} -> {_q(sync.consumer.name)} "
+                    f"[style=bold, color=red, fontcolor=red, label={_q(text)}, constraint=false];"
                 )
     lines.append("}")
     return "\n".join(lines) + "\n"

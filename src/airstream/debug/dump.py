@@ -33,7 +33,8 @@ import torch.fx
 from airstream.debug.dot import to_dot
 from airstream.debug.report import format_segments, format_streams
 from airstream.errors import StreamError
-from airstream.passes.manager import PassObserver, PassSpec
+from airstream.observers import CompileObserver
+from airstream.passes.manager import PassSpec
 from airstream.schedule.plan import StreamPlan
 from airstream.schedule.streams import StreamAssignment, assign_streams
 
@@ -179,13 +180,17 @@ def dumper_for(config: Any) -> GraphDumper | None:
     return None if dump.type is None else GraphDumper(dump.type, dump.path)
 
 
-class DumpObserver(PassObserver):
-    """Dumps the graph as the pipeline receives it and after each stage; on a failure, the graph
-    from before the failing pass (rendered before each pass, since the pass edits in place)."""
+class DumpObserver(CompileObserver):
+    """Dumps the Dynamo graph, the graph as the pipeline receives it and after each stage, the
+    final graph with its plan and code, and the plan's summary; on a failure, the graph from
+    before the failing pass (rendered before each pass, since the pass edits in place)."""
 
     def __init__(self, dumper: GraphDumper) -> None:
         self.dumper = dumper
         self._before: dict[str, str] = {}
+
+    def graph_traced(self, gm: torch.fx.GraphModule) -> None:
+        self.dumper.dump("dynamo", "", gm)
 
     def started(self, gm: torch.fx.GraphModule, graph_kind: str) -> None:
         self.dumper.dump(graph_kind, "after_aot", gm)
@@ -204,3 +209,16 @@ class DumpObserver(PassObserver):
             return None
         name = spec.name.rsplit(".", 1)[-1]
         return self.dumper.dump(graph_kind, f"before_{name}", gm, text=text)
+
+    def plan_built(
+        self,
+        graph_kind: str,
+        gm: torch.fx.GraphModule,
+        streams: StreamAssignment,
+        plan: StreamPlan,
+        code: str,
+    ) -> None:
+        self.dumper.dump(graph_kind, "plan", gm, streams=streams, plan=plan, code=code)
+
+    def graph_compiled(self, compiled: Any) -> None:
+        self.dumper.summary(compiled.kind, compiled.plan, compiled.segments)

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch.fx
 
-from airstream.nodes import source_line, target_name
+from airstream.nodes import segment_of, source_line, target_name
 from airstream.ops.library import record, scope_enter, scope_exit, wait, wait_tensor
 from airstream.schedule.streams import StreamAssignment
 
@@ -80,7 +80,7 @@ def format_streams(gm: torch.fx.GraphModule, streams: StreamAssignment) -> str:
         else:
             args = ", ".join(str(a) for a in node.args)
             text = f"{node.name} = {target_name(node)}({args})"
-            segment = node.meta.get("air_segment")
+            segment = segment_of(node)
             if segment is not None:
                 text += f"    # fused {', '.join(segment.segment.nodes)}"
         where = source_line(node)

@@ -1,4 +1,4 @@
-"""The TorchAir custom-pass guide's example (DESIGN.md section 1), as a user writes it.
+"""The TorchAir custom-pass guide's example (docs/design.md), as a user writes it.
 
 ``Model`` computes ``mm = x @ x``, ``abs(mm) + 1`` and ``x - mm``. ``custom_pre_pass`` puts ``mm``
 and ``abs`` on stream ``stream_1``, records an event after ``abs`` and makes ``sub`` wait for it.

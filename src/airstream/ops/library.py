@@ -1,6 +1,6 @@
 """The ``air`` operator namespace: stream scope markers and event ops.
 
-Schemas (fixed by DESIGN.md, shared with TorchAir)::
+Schemas (fixed by docs/design.md, shared with TorchAir)::
 
     air::scope_enter(str[] keys, str[] values, bool need_execute=False) -> ()
     air::scope_exit(bool need_execute=False) -> ()
@@ -9,9 +9,22 @@ Schemas (fixed by DESIGN.md, shared with TorchAir)::
     air::wait_tensor(Tensor self, Tensor dependency) -> Tensor
 
 Eager kernels are no-ops (eager PyTorch runs everything in program order, so every ordering the
-ops ask for already holds); ``wait_tensor`` returns ``self``. Registration makes the compiler
-keep them: they are side-effectful for FX dead-code elimination, and the backend tags them so the
-partitioner never copies them into backward graphs and CSE never merges them.
+ops ask for already holds), except that ``wait_tensor`` returns a copy of ``self``
+(``self.clone()``). Registration makes the compiler keep them: they are side-effectful for FX
+dead-code elimination, and the backend tags them so the partitioner never copies them into
+backward graphs and CSE never merges them.
+
+Why ``wait_tensor`` keeps its no-alias schema and copies in eager mode: its schema declares no
+alias (``Tensor self ... -> Tensor``), so a kernel that returned ``self`` itself broke the contract
+that ``torch.library.opcheck`` checks. The alternative, annotating the alias
+(``wait_tensor(Tensor(a) self, Tensor dependency) -> Tensor(a)``), is not usable on torch 2.13 or
+2.15: ``torch.library.register_autograd`` refuses ops whose outputs alias an input ("non-functional
+operator"), and AOTAutograd's functionalization rejects custom ops with alias-annotated outputs, so
+``torch.compile`` could not trace it. So the user-visible schema stays the one docs/design.md
+fixes, and the eager kernel returns a fresh tensor (fake kernel alike: same shape, strides, dtype
+and device as ``self.clone()``). The copy costs eager mode only: compiled graphs never run this
+kernel, airstream's executors (``airstream.runtime``) run ``wait_tensor(x, dep)`` as ``x``, and
+``airstream.effects`` accounts for that by treating the result as an alias of ``x``.
 """
 
 from __future__ import annotations
@@ -53,12 +66,14 @@ def _wait(x: Sequence[torch.Tensor]) -> None:
 
 
 def _wait_tensor_eager(self: torch.Tensor, dependency: torch.Tensor) -> torch.Tensor:
-    return self
+    # The schema declares no alias, so the result must not be `self` nor share its storage.
+    return self.clone()
 
 
 def _wait_tensor_fake(self: torch.Tensor, dependency: torch.Tensor) -> torch.Tensor:
-    # A traced graph must not see an output aliasing an input of a non-view op.
-    return torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device=self.device)
+    # A traced graph must not see an output aliasing an input of a non-view op. `empty_like`
+    # follows the same memory-format rule as `clone`, so fake and eager strides agree.
+    return torch.empty_like(self)
 
 
 for _name, _eager, _fake in [
@@ -69,7 +84,7 @@ for _name, _eager, _fake in [
     ("wait_tensor", _wait_tensor_eager, _wait_tensor_fake),
 ]:
     _lib.impl(_name, _eager, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"air::{_name}", _fake, lib=_lib)
+    torch.library.register_fake(f"air::{_name}", _fake, lib=_lib)  # type: ignore[arg-type]
 
 
 def _wait_tensor_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:

@@ -42,7 +42,8 @@ def _evaluate(gm: torch.fx.GraphModule, node: torch.fx.Node, mode: FakeTensorMod
     if node.op == "call_function":
         fn = node.target
     elif node.op == "call_method":
-        self_obj, *args = args
+        self_obj, *rest = args
+        args = tuple(rest)
         fn = getattr(self_obj, str(node.target))
     elif node.op == "call_module":
         fn = gm.get_submodule(str(node.target))

@@ -1,5 +1,9 @@
-"""Executors for optimized graphs (serial reference today; thread-per-stream and CUDA later)."""
+"""Executors for planned graphs: serial reference, CPU threads per stream, CUDA streams/graphs.
 
-from airstream.runtime.serial import SerialExecutor, strip_air_ops
+All generate their code with ``runtime/codegen.py`` and follow its ``Executor`` protocol.
+"""
 
-__all__ = ["SerialExecutor", "strip_air_ops"]
+from airstream.runtime.codegen import Executor
+from airstream.runtime.serial import SerialExecutor
+
+__all__ = ["Executor", "SerialExecutor"]

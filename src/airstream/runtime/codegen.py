@@ -1,14 +1,68 @@
-"""Shared pieces of the executors' FX code generation."""
+"""One plan-to-code generator for every executor.
+
+An executor runs a :class:`~airstream.schedule.plan.StreamPlan` as FX-generated Python functions:
+the serial executor one function over ``plan.sequence``, the CUDA executor one function that
+issues every stream's steps, the CPU runtime one function per stream. :func:`generate` turns a
+list of ``(stream, step)`` into such a function; what a record, a wait, a stream switch or a value
+crossing streams means is the executor's, given as :class:`Hooks`.
+
+Every generated function has the same shape::
+
+    def forward(self, inputs, <the hooks' parameters>, [traces]):
+        x = inputs[0]; w = inputs[1]; inputs.clear()   # the boxed convention: the caller's
+                                                        # list lets go of every input
+        mm = aten.mm(x, w);  x = None                   # FX frees each value after its last use
+        ...
+
+so an input or an intermediate dies as soon as its last reader on that function has run; values
+that cross streams are the hooks' to hand over and let go of. ``wait_tensor(x, dep)`` is ``x``
+(only its ordering mattered); a record token nobody reads as data is not made. The traced variant
+(``traced=True``) brackets every op with the profiler's hooks; executors build it the first time
+a profiler listens (:class:`Executor`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import operator
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import torch.fx
 
+from airstream.effects import data_inputs
+from airstream.nodes import describe, segment_of
+from airstream.ops.library import record, wait_tensor
 from airstream.runtime.trace import op_begin, op_end
+from airstream.schedule.plan import Record, Run, Step, Wait
 
-__all__ = ["emit_op"]
+__all__ = [
+    "Builder",
+    "Executor",
+    "GeneratedCode",
+    "Hooks",
+    "LazyTraced",
+    "Label",
+    "emit_op",
+    "generate",
+    "inputs_read",
+]
+
+Label = str | None
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """What the backend hands to AOTAutograd: a boxed callable (``_boxed_call``: it takes the
+    argument list and empties it) with the generated ``code`` it runs."""
+
+    _boxed_call: bool
+
+    @property
+    def code(self) -> str: ...
+
+    def __call__(self, args: list[Any]) -> Any: ...
 
 
 def emit_op(
@@ -18,15 +72,239 @@ def emit_op(
     trace: torch.fx.Node | None,
 ) -> torch.fx.Node:
     """Copy ``node`` into ``graph`` (inputs mapped by ``arg``), bracketed by tracing calls when
-    ``trace`` (the generated function's StreamTrace placeholder) is given."""
+    ``trace`` (the StreamTrace of the node's stream) is given."""
     if trace is None:
         return graph.node_copy(node, arg)
     token = graph.call_function(op_begin, (trace, node.name))
     new = graph.node_copy(node, arg)
-    segment = node.meta.get("air_segment")
+    segment = segment_of(node)
     if segment is None:
         graph.call_function(op_end, (trace, node.name, token))
     else:  # max-autotune: the profile says what the segment fused and which kernels ran
         details = (segment.describe(), segment.segment.nodes)
         graph.call_function(op_end, (trace, node.name, token, *details))
     return new
+
+
+class Builder:
+    """The function being generated, as the hooks see it."""
+
+    def __init__(
+        self,
+        graph: torch.fx.Graph,
+        params: Mapping[str, torch.fx.Node],
+        trace: Callable[[Label], torch.fx.Node | None],
+    ) -> None:
+        self.graph = graph
+        self.params = params  # the hooks' parameters, by name
+        self.trace = trace  # the StreamTrace of a stream in traced code, else None
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> torch.fx.Node:
+        """Emit ``fn(*args)``."""
+        return self.graph.call_function(fn, args)
+
+
+class Hooks:
+    """What an executor does at each point of its generated code; every hook is optional."""
+
+    params: tuple[str, ...] = ()  # extra parameters of the generated function, after ``inputs``
+
+    def begin(self, b: Builder) -> None:
+        """Before the first step."""
+
+    def end(self, b: Builder) -> None:
+        """After the last step, before the return."""
+
+    def switch(self, b: Builder, label: Label) -> None:
+        """The steps that follow run on stream ``label``."""
+
+    def record(self, b: Builder, label: Label, event: int) -> None:
+        """``label`` reached event ``event``."""
+
+    def wait(self, b: Builder, label: Label, event: int) -> None:
+        """``label`` waits for event ``event``."""
+
+    def fetch(self, b: Builder, node: torch.fx.Node, label: Label) -> torch.fx.Node:
+        """The value of ``node``, computed by another function (stream), read on ``label``."""
+        raise AssertionError(f"{node.name} is read on {label!r} but computed elsewhere")
+
+    def first_use(
+        self, b: Builder, node: torch.fx.Node, label: Label, value: torch.fx.Node
+    ) -> None:
+        """``label`` is about to use ``node``'s value for the first time."""
+
+    def produced(self, b: Builder, node: torch.fx.Node, label: Label, value: torch.fx.Node) -> None:
+        """``node`` ran on ``label`` and its value is ``value``."""
+
+
+@dataclass(frozen=True)
+class GeneratedCode:
+    """A generated function: its module, the callable, and the nodes (for error locations)."""
+
+    label: Label
+    module: torch.fx.GraphModule
+    fn: Callable[..., Any]
+    nodes: tuple[torch.fx.Node, ...]
+    sources: Mapping[torch.fx.Node, torch.fx.Node]  # generated node -> the graph node it runs
+
+    def locate(self, error: BaseException) -> str:
+        """Name the node of this function that raised ``error``, and its stream."""
+        # FX keeps a map from generated-code line (counted from the prologue) to node index.
+        lineno_map = getattr(self.module, "_lineno_map", None) or {}
+        prologue = getattr(self.module, "_prologue_start", 0)
+        filename = self.module.forward.__code__.co_filename
+        tb = error.__traceback__
+        node = None
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename == filename:
+                index = lineno_map.get(tb.tb_lineno - prologue)
+                if index is not None and index < len(self.nodes):
+                    node = self.sources.get(self.nodes[index], node)
+            tb = tb.tb_next
+        stream = "the main stream" if self.label is None else f"stream {self.label!r}"
+        if node is None:
+            return stream
+        return f"{describe(node)}, on {stream}"
+
+
+def _clear(inputs: list[Any]) -> None:
+    inputs.clear()
+
+
+def _ident(text: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in text)
+
+
+def _nodes(arg: Any) -> list[torch.fx.Node]:
+    return [arg] if isinstance(arg, torch.fx.Node) else []
+
+
+def _reads_token(node: torch.fx.Node) -> bool:
+    """A record token some node reads as data (not only as ordering)."""
+    return any(node in data_inputs(user) for user in node.users)
+
+
+def generate(
+    gm: torch.fx.GraphModule,
+    steps: Sequence[tuple[Label, Step]],
+    *,
+    inputs: Mapping[torch.fx.Node, int],
+    hooks: Hooks,
+    returns: bool,
+    traced: bool = False,
+    name: str = "Airstream",
+    label: Label = None,
+) -> GeneratedCode:
+    """Generate the function running ``steps`` of ``gm``.
+
+    ``inputs`` maps each placeholder this function reads to its index in the ``inputs`` list the
+    function takes (and empties). ``returns``: the function returns the graph's outputs, else
+    None. ``traced``: take a last parameter ``traces`` (stream label -> StreamTrace) and bracket
+    every op. ``label`` names the stream in error locations (one-stream functions).
+    """
+    graph = torch.fx.Graph()
+    inputs_param = graph.placeholder("inputs")
+    params = {p: graph.placeholder(p) for p in hooks.params}
+    traces = graph.placeholder("traces") if traced else None
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    sources: dict[torch.fx.Node, torch.fx.Node] = {}
+    used: set[tuple[torch.fx.Node, Label]] = set()
+    trace_of: dict[Label, torch.fx.Node] = {}
+
+    # Unpack every input this function reads, then let go of the caller's list.
+    for node, index in sorted(inputs.items(), key=lambda item: item[1]):
+        env[node] = graph.call_function(operator.getitem, (inputs_param, index))
+    graph.call_function(_clear, (inputs_param,))
+
+    def value(node: torch.fx.Node, on: Label) -> torch.fx.Node:
+        if node not in env:
+            if node.op == "get_attr":
+                env[node] = graph.get_attr(str(node.target))
+            else:
+                env[node] = hooks.fetch(b, node, on)
+        if (node, on) not in used and node.op != "get_attr":
+            used.add((node, on))
+            hooks.first_use(b, node, on, env[node])
+        return env[node]
+
+    def trace_for(on: Label) -> torch.fx.Node | None:
+        if traces is None:
+            return None
+        if on not in trace_of:
+            trace_of[on] = graph.call_function(operator.getitem, (traces, on))
+        return trace_of[on]
+
+    b = Builder(graph, params, trace_for)
+    hooks.begin(b)
+    current: list[Label | int] = [-1]  # no stream selected yet
+    for on, step in steps:
+        if isinstance(step, Run):
+            node = step.node
+            if current[0] != on:
+                hooks.switch(b, on)
+                current[0] = on
+            if node.target is wait_tensor:
+                (waited,) = _nodes(node.args[0])
+                env[node] = value(waited, on)  # identity: only the ordering mattered
+            elif node.target is record and not _reads_token(node):
+                continue  # an event position: nothing to compute
+            else:
+
+                def read(n: torch.fx.Node, on: Label = on) -> torch.fx.Node:
+                    return value(n, on)
+
+                new = emit_op(graph, node, read, trace_for(on))
+                sources[new] = node
+                env[node] = new
+            hooks.produced(b, node, on, env[node])
+        elif isinstance(step, Record):
+            hooks.record(b, on, step.event)
+        elif isinstance(step, Wait):
+            hooks.wait(b, on, step.event)
+    hooks.end(b)
+    if returns:
+        output = next(iter(gm.graph.find_nodes(op="output")))
+        graph.output(torch.fx.map_arg(output.args[0], lambda n: value(n, None)))
+    else:
+        graph.output(None)
+    suffix = "Traced" if traced else ""
+    module = torch.fx.GraphModule(gm, graph, class_name=f"{_ident(name)}{suffix}")
+    return GeneratedCode(label, module, module.forward, tuple(module.graph.nodes), sources)
+
+
+def inputs_read(
+    gm: torch.fx.GraphModule, steps: Sequence[tuple[Label, Step]], returns: bool
+) -> list[torch.fx.Node]:
+    """The placeholders ``steps`` (and, with ``returns``, the graph's outputs) read, in order."""
+    read: set[torch.fx.Node] = set()
+    for _, step in steps:
+        if isinstance(step, Run):
+            read.update(data_inputs(step.node))
+    if returns:
+        output = next(iter(gm.graph.find_nodes(op="output")))
+        read.update(output.all_input_nodes)
+    return [n for n in gm.graph.find_nodes(op="placeholder") if n in read]
+
+
+class LazyTraced:
+    """The traced variant of an executor's code, generated the first time a profiler listens."""
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        self._build = build
+        self._value: Any = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        """The traced code (built on first call; thread-safe)."""
+        value = self._value
+        if value is None:
+            with self._lock:
+                if self._value is None:
+                    self._value = self._build()
+                value = self._value
+        return value
+
+    @property
+    def built(self) -> bool:
+        """Whether the traced code exists yet."""
+        return self._value is not None

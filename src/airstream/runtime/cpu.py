@@ -3,9 +3,12 @@
 Every stream runs with ``stream_config.threads_per_stream`` intra-op threads, the calling thread
 included for the duration of the call (its own setting is restored afterwards).
 
-Every stream's steps become one FX-generated function (runs are the graph's own op calls; a record
-sets a per-call ``threading.Event``; a wait blocks on one; values that cross streams go through a
-per-call slot list), so a call costs one handoff per side stream, not one per op.
+Every stream's steps become one generated function (``runtime/codegen.py``): a record releases a
+per-call lock, a wait acquires it. The caller hands each stream the inputs it reads and empties
+its own argument list; a value one stream makes and another reads goes through a per-call slot of
+its own for every (value, reading stream) pair, which the reader empties when it first reads it:
+nothing the call computes outlives its last use on any stream. A call costs one handoff per side
+stream, not one per op.
 
 Failure handling: an op that raises on any stream marks the call failed and sets every event of
 the call, so no stream stays blocked; streams that wake up to a failed call stop at their next
@@ -18,18 +21,24 @@ from __future__ import annotations
 import _thread
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx
 
-from airstream.nodes import describe
-from airstream.ops.library import wait_tensor
-from airstream.runtime.codegen import emit_op
+from airstream.effects import data_inputs
+from airstream.runtime.codegen import (
+    Builder,
+    GeneratedCode,
+    Hooks,
+    Label,
+    LazyTraced,
+    generate,
+    inputs_read,
+)
 from airstream.runtime.trace import CallTrace, StreamTrace, now_ns, tracing_wanted
 from airstream.runtime.workers import StreamWorker, submit_all, worker_for
-from airstream.schedule.plan import Record, Run, StreamPlan, StreamSteps, Wait
+from airstream.schedule.plan import StreamPlan, StreamSteps
 from airstream.torch_internals import set_grad_enabled
 
 __all__ = ["CpuExecutor"]
@@ -103,120 +112,109 @@ def _wait_traced(events: list[Any], index: int, state: _CallState, trace: Stream
         raise _Aborted
 
 
-@dataclass(frozen=True)
-class _StreamCode:
-    label: str | None
-    module: torch.fx.GraphModule
-    fn: Callable[..., Any]
-    nodes: tuple[torch.fx.Node, ...]
-
-    def locate(self, error: BaseException) -> str:
-        """Name the node of this stream's code that raised ``error``."""
-        # FX keeps a map from generated-code line (counted from the prologue) to node index.
-        lineno_map = getattr(self.module, "_lineno_map", None) or {}
-        prologue = getattr(self.module, "_prologue_start", 0)
-        filename = self.module.forward.__code__.co_filename
-        tb = error.__traceback__
-        node = None
-        while tb is not None:
-            if tb.tb_frame.f_code.co_filename == filename:
-                index = lineno_map.get(tb.tb_lineno - prologue)
-                if index is not None and index < len(self.nodes):
-                    node = self.nodes[index]
-            tb = tb.tb_next
-        stream = "the main stream" if self.label is None else f"stream {self.label!r}"
-        if node is None:
-            return stream
-        return f"{describe(node)}, on {stream}"
-
-
-def _generate(
-    gm: torch.fx.GraphModule,
-    program: StreamSteps,
-    input_index: dict[torch.fx.Node, int],
-    slot_of: dict[torch.fx.Node, int],
-    is_main: bool,
-    traced: bool = False,
-) -> _StreamCode:
-    by_name = {n.name: n for n in gm.graph.nodes}
-    graph = torch.fx.Graph()
-    args = graph.placeholder("args")
-    slots = graph.placeholder("slots")
-    events = graph.placeholder("events")
-    state = graph.placeholder("state")
-    trace = graph.placeholder("trace") if traced else None
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-
-    def local(node: torch.fx.Node) -> torch.fx.Node:
-        if node not in env:
-            if node.op == "placeholder":
-                env[node] = graph.call_function(operator.getitem, (args, input_index[node]))
-            elif node.op == "get_attr":
-                env[node] = graph.get_attr(str(node.target))
-            else:  # produced on another stream; read after this stream's waits
-                env[node] = graph.call_function(operator.getitem, (slots, slot_of[node]))
-        return env[node]
-
-    for step in program.steps:
-        if isinstance(step, Run):
-            node = by_name[step.node]
-            if node.target is wait_tensor:
-                env[node] = local(node.args[0])  # identity: only the ordering mattered
-            else:
-                env[node] = emit_op(graph, node, local, trace)
-            if node in slot_of:
-                graph.call_function(operator.setitem, (slots, slot_of[node], env[node]))
-        elif isinstance(step, Record):
-            if trace is None:
-                graph.call_function(_record, (events, step.event))
-            else:
-                graph.call_function(_record_traced, (events, step.event, trace))
-        elif isinstance(step, Wait):
-            if trace is None:
-                graph.call_function(_wait, (events, step.event, state))
-            else:
-                graph.call_function(_wait_traced, (events, step.event, state, trace))
-    if is_main:
-        output = next(iter(gm.graph.find_nodes(op="output")))
-        graph.output(torch.fx.map_arg(output.args[0], local))
-    else:
-        graph.output(None)
-    name = "main" if program.label is None else program.label
-    suffix = "_traced" if traced else ""
-    module = torch.fx.GraphModule(gm, graph, class_name=f"AirstreamStream_{_ident(name)}{suffix}")
-    return _StreamCode(program.label, module, module.forward, tuple(module.graph.nodes))
+def _take(slots: list[Any], index: int) -> Any:
+    """Read a slot and empty it: the reading stream now holds the only reference."""
+    value = slots[index]
+    slots[index] = None
+    return value
 
 
 def _ident(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text)
 
 
-def _cross_stream_values(gm: torch.fx.GraphModule, plan: StreamPlan) -> dict[torch.fx.Node, int]:
-    """Slot index for every value produced on one stream and read on another (or returned)."""
-    stream_of = {name: s.label for s in plan.streams for name in s.runs}
-    slot_of: dict[torch.fx.Node, int] = {}
-    for node in gm.graph.nodes:
-        if node.name not in stream_of:
-            continue
-        producer = stream_of[node.name]
-        for user in node.users:
-            if user.op == "output":
-                consumer_stream: Any = None
-            elif user.name in stream_of:
-                consumer_stream = stream_of[user.name]
-            else:
-                continue
-            if consumer_stream != producer and node not in slot_of:
-                slot_of[node] = len(slot_of)
-    # wait_tensor results are aliases: a consumer on another stream reads the aliased value,
-    # which the producer of the alias must publish.
-    for node in list(slot_of):
-        source = node
-        while source.target is wait_tensor:
-            source = source.args[0]
-            if source.name in stream_of and source not in slot_of:
-                slot_of[source] = len(slot_of)
-    return slot_of
+class _Handover:
+    """Which values cross streams: a slot per (value, reading stream)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, plan: StreamPlan) -> None:
+        stream_of = plan.stream_of()
+        output = next(iter(gm.graph.find_nodes(op="output")))
+        self.slot: dict[tuple[torch.fx.Node, Label], int] = {}
+        self.readers: dict[torch.fx.Node, list[Label]] = {}
+        for node, producer in stream_of.items():
+            readers: dict[Label, None] = {}
+            for user in node.users:
+                if user is output:
+                    readers[None] = None
+                elif user in stream_of and node in data_inputs(user):
+                    readers[stream_of[user]] = None
+            readers.pop(producer, None)
+            for reader in readers:
+                self.slot[(node, reader)] = len(self.slot)
+            if readers:
+                self.readers[node] = list(readers)
+
+
+class _StreamHooks(Hooks):
+    params = ("slots", "events", "state")
+
+    def __init__(self, handover: _Handover) -> None:
+        self.handover = handover
+
+    def record(self, b: Builder, label: Label, event: int) -> None:
+        trace = b.trace(label)
+        events = b.params["events"]
+        if trace is None:
+            b.call(_record, events, event)
+        else:
+            b.call(_record_traced, events, event, trace)
+
+    def wait(self, b: Builder, label: Label, event: int) -> None:
+        trace = b.trace(label)
+        events, state = b.params["events"], b.params["state"]
+        if trace is None:
+            b.call(_wait, events, event, state)
+        else:
+            b.call(_wait_traced, events, event, state, trace)
+
+    def fetch(self, b: Builder, node: torch.fx.Node, label: Label) -> torch.fx.Node:
+        return b.call(_take, b.params["slots"], self.handover.slot[(node, label)])
+
+    def produced(self, b: Builder, node: torch.fx.Node, label: Label, value: torch.fx.Node) -> None:
+        for reader in self.handover.readers.get(node, ()):
+            slot = self.handover.slot[(node, reader)]
+            b.call(operator.setitem, b.params["slots"], slot, value)
+
+
+def _picker(indices: Sequence[int]) -> Callable[[list[Any]], list[Any]]:
+    """``args -> [args[i] for i in indices]``, in C where it can be."""
+    if not indices:
+        return lambda args: []
+    if len(indices) == 1:
+        (index,) = indices
+        return lambda args: [args[index]]
+    get = operator.itemgetter(*indices)
+    return lambda args: list(get(args))
+
+
+class _Stream:
+    """One stream's generated code (plain, and traced on first need) and the inputs it reads."""
+
+    def __init__(
+        self, gm: torch.fx.GraphModule, program: StreamSteps, handover: _Handover, main: bool
+    ) -> None:
+        self.label = program.label
+        index = {n: i for i, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
+        steps = [(program.label, step) for step in program.steps]
+        reads = inputs_read(gm, steps, returns=main)
+        self.pick = _picker([index[n] for n in reads])
+        own = {n: i for i, n in enumerate(reads)}
+        name = f"AirstreamStream_{_ident('main' if main else str(program.label))}"
+
+        def build(traced: bool) -> GeneratedCode:
+            return generate(
+                gm,
+                steps,
+                inputs=own,
+                hooks=_StreamHooks(handover),
+                returns=main,
+                traced=traced,
+                name=name,
+                label=program.label,
+            )
+
+        self.code = build(traced=False)
+        self.traced = LazyTraced(lambda: build(traced=True))
 
 
 class CpuExecutor:
@@ -226,36 +224,27 @@ class CpuExecutor:
         self._boxed_call = True  # instance attribute: survives functools.wraps (see serial.py)
         self.plan = plan
         self.threads_per_stream = threads_per_stream
-        placeholders = list(gm.graph.find_nodes(op="placeholder"))
-        input_index = {node: i for i, node in enumerate(placeholders)}
-        slot_of = _cross_stream_values(gm, plan)
-        self._num_slots = len(slot_of)
+        handover = _Handover(gm, plan)
+        self._num_slots = len(handover.slot)
         self._num_events = max((s.event for s in plan.syncs), default=-1) + 1
-        self.main = _generate(gm, plan.stream(None), input_index, slot_of, is_main=True)
-        self.main_traced = _generate(
-            gm, plan.stream(None), input_index, slot_of, is_main=True, traced=True
-        )
-        programs = [s for s in plan.side_streams if s.runs]
-        self.sides: tuple[tuple[StreamWorker, _StreamCode], ...] = tuple(
-            (worker_for(s.label), _generate(gm, s, input_index, slot_of, is_main=False))
-            for s in programs
-        )
-        self.sides_traced: tuple[tuple[StreamWorker, _StreamCode], ...] = tuple(
-            (worker_for(s.label), _generate(gm, s, input_index, slot_of, False, traced=True))
-            for s in programs
+        self.main = _Stream(gm, plan.stream(None), handover, main=True)
+        self.sides: tuple[tuple[StreamWorker, _Stream], ...] = tuple(
+            (worker_for(str(s.label)), _Stream(gm, s, handover, main=False))
+            for s in plan.side_streams
+            if s.runs
         )
 
     @property
     def code(self) -> str:
         """The generated code of every stream."""
-        parts = [f"# stream main\n{self.main.module.code.strip()}"]
-        parts += [f"# stream {code.label}\n{code.module.code.strip()}" for _, code in self.sides]
+        parts = [f"# stream main\n{self.main.code.module.code.strip()}"]
+        parts += [f"# stream {s.label}\n{s.code.module.code.strip()}" for _, s in self.sides]
         return "\n\n".join(parts)
 
     def _job(
         self,
-        code: _StreamCode,
-        args: Sequence[Any],
+        code: GeneratedCode,
+        inputs: list[Any],
         slots: list[Any],
         state: _CallState,
         done: Any,
@@ -270,9 +259,11 @@ class CpuExecutor:
                     torch.set_num_threads(threads)
                 set_grad_enabled(grad)  # grad mode is per thread: follow the caller
                 if trace is None:
-                    code.fn(args, slots, state.events, state)
+                    code.fn(inputs, slots, state.events, state)
                 else:
-                    code.fn(args, slots, state.events, state, trace.stream(code.label))
+                    code.fn(
+                        inputs, slots, state.events, state, {code.label: trace.stream(code.label)}
+                    )
             except _Aborted:
                 pass
             except BaseException as error:  # handed to the caller
@@ -284,25 +275,22 @@ class CpuExecutor:
 
     def __call__(self, args: list[Any]) -> Any:
         trace = CallTrace() if tracing_wanted() else None
-        main, sides = (
-            (self.main, self.sides)
-            if trace is None
-            else (
-                self.main_traced,
-                self.sides_traced,
-            )
-        )
+        main = self.main.code if trace is None else self.main.traced.get()
         events = [_new_event() for _ in range(self._num_events)]
         state = _CallState(events)
         slots: list[Any] = [None] * self._num_slots
         grad = torch.is_grad_enabled()
-        done = [_new_event() for _ in sides]
-        submit_all(
-            [
-                (worker, self._job(code, args, slots, state, done[i], grad, trace))
-                for i, (worker, code) in enumerate(sides)
-            ]
-        )
+        done = [_new_event() for _ in self.sides]
+        jobs = []
+        for i, (worker, stream) in enumerate(self.sides):
+            code = stream.code if trace is None else stream.traced.get()
+            jobs.append(
+                (worker, self._job(code, stream.pick(args), slots, state, done[i], grad, trace))
+            )
+        main_inputs = self.main.pick(args)
+        args.clear()  # the boxed convention: every input now lives only where it is read
+        submit_all(jobs)
+        del jobs
         # The caller is the main stream's worker: it too runs with threads_per_stream intra-op
         # threads during the call (oversubscribing the cores costs more than streams gain).
         caller_threads = torch.get_num_threads()
@@ -310,9 +298,9 @@ class CpuExecutor:
             torch.set_num_threads(self.threads_per_stream)
         try:
             if trace is None:
-                result = main.fn(args, slots, events, state)
+                result = main.fn(main_inputs, slots, events, state)
             else:
-                result = main.fn(args, slots, events, state, trace.stream(None))
+                result = main.fn(main_inputs, slots, events, state, {None: trace.stream(None)})
         except _Aborted:
             result = None
         except BaseException as error:
@@ -329,9 +317,9 @@ class CpuExecutor:
         if trace is not None:
             trace.finish()
         if state.failed:
-            error = state.error
-            assert error is not None
-            error.add_note(f"airstream: raised by {state.where}")
-            raise error
+            failure = state.error
+            assert failure is not None
+            failure.add_note(f"airstream: raised by {state.where}")
+            raise failure
         # Normal path: the plan's join already waited for every side stream's last step.
         return result

@@ -9,7 +9,8 @@ consumer, so the caching allocator never hands its memory out while that stream 
 
 ``CudaGraphExecutor`` (``mode="reduce-overhead"``) captures the whole multi-stream call into a CUDA
 graph on first use (the fork/join shape is what makes multi-stream capture legal) and replays it,
-copying inputs into static buffers and cloning outputs (a replay is one opaque launch: profiling
+copying the inputs that change into static buffers (parameters and buffers are captured by
+address) and cloning outputs (a replay is one opaque launch: profiling
 sees no per-op records for it; use ``mode="max-autotune"`` to profile streams). It falls back to
 the plain stream executor for graphs it cannot capture safely: symbolic shapes, mutated inputs,
 random ops, non-CUDA inputs.
@@ -17,7 +18,6 @@ random ops, non-CUDA inputs.
 
 from __future__ import annotations
 
-import operator
 import threading
 import warnings
 from collections.abc import Sequence
@@ -26,11 +26,18 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.ops.library import wait_tensor
-from airstream.runtime.codegen import emit_op
+from airstream.effects import effects
+from airstream.runtime.codegen import (
+    Builder,
+    GeneratedCode,
+    Hooks,
+    Label,
+    LazyTraced,
+    generate,
+    inputs_read,
+)
 from airstream.runtime.trace import CallTrace, tracing_wanted
-from airstream.schedule.plan import Record, Run, StreamPlan, Wait
-from airstream.torch_internals import op_schema
+from airstream.schedule.plan import StreamPlan
 
 __all__ = ["CudaExecutor", "CudaGraphExecutor", "capture_blockers", "stream_for"]
 
@@ -76,69 +83,42 @@ def _keep(value: Any, streams: Sequence[Any], index: int, tracking: bool) -> Any
     return value
 
 
-def _generate(
-    gm: torch.fx.GraphModule, plan: StreamPlan, traced: bool = False
-) -> tuple[torch.fx.GraphModule, int]:
-    """One function issuing every step; returns the module and the fork event's index.
+class _IssueHooks(Hooks):
+    """One function issues every stream's steps: stream switches, events, record_stream."""
 
-    The traced variant takes a dict of StreamTraces and records host issue times per op."""
-    labels = [s.label for s in plan.streams]  # main (None) first
-    index_of = {label: i for i, label in enumerate(labels)}
-    fork_event = max((s.event for s in plan.syncs), default=-1) + 1
-    by_name = {n.name: n for n in gm.graph.nodes}
-    producer: dict[torch.fx.Node, Any] = {
-        by_name[name]: s.label for s in plan.streams for name in s.runs
-    }
-    placeholders = list(gm.graph.find_nodes(op="placeholder"))
-    graph = torch.fx.Graph()
-    args = graph.placeholder("args")
-    streams = graph.placeholder("streams")
-    events = graph.placeholder("events")
-    tracking = graph.placeholder("tracking")
-    traces = graph.placeholder("traces") if traced else None
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    kept: set[tuple[torch.fx.Node, Any]] = set()
-    current: list[Any] = [None]
+    params = ("streams", "events", "tracking")
 
-    def value_on(node: torch.fx.Node, label: Any) -> torch.fx.Node:
-        if node not in env:
-            if node.op == "placeholder":
-                env[node] = graph.call_function(operator.getitem, (args, placeholders.index(node)))
-            else:
-                env[node] = graph.get_attr(str(node.target))
-        source = producer.get(node)
-        if node.op == "placeholder":
-            source = None  # made on the caller's stream
-        if source != label and (node, label) not in kept and node.op != "get_attr":
-            kept.add((node, label))
-            graph.call_function(_keep, (env[node], streams, index_of[label], tracking))
-        return env[node]
+    def __init__(self, plan: StreamPlan, fork_event: int) -> None:
+        self.index_of = {s.label: i for i, s in enumerate(plan.streams)}  # main (None) first
+        self.producer = plan.stream_of()
+        self.fork_event = fork_event
+        self.current: Label = None
 
-    if len(labels) > 1:
-        graph.call_function(_fork, (streams, events, fork_event))
-    for label, step in plan.sequence:
-        if isinstance(step, Run):
-            node = by_name[step.node]
-            if current[0] != label:
-                graph.call_function(_use, (streams, index_of[label]))
-                current[0] = label
-            if node.target is wait_tensor:
-                env[node] = value_on(node.args[0], label)
-            else:
-                trace = None
-                if traces is not None:
-                    trace = graph.call_function(operator.getitem, (traces, label))
-                env[node] = emit_op(graph, node, lambda n, lb=label: value_on(n, lb), trace)
-        elif isinstance(step, Record):
-            graph.call_function(_record, (streams, index_of[label], events, step.event))
-        elif isinstance(step, Wait):
-            graph.call_function(_wait, (streams, index_of[label], events, step.event))
-    if current[0] is not None:
-        graph.call_function(_use, (streams, 0))
-    output = next(iter(gm.graph.find_nodes(op="output")))
-    graph.output(torch.fx.map_arg(output.args[0], lambda n: value_on(n, None)))
-    name = "AirstreamCudaTraced" if traced else "AirstreamCuda"
-    return torch.fx.GraphModule(gm, graph, class_name=name), fork_event
+    def begin(self, b: Builder) -> None:
+        if len(self.index_of) > 1:
+            b.call(_fork, b.params["streams"], b.params["events"], self.fork_event)
+
+    def switch(self, b: Builder, label: Label) -> None:
+        b.call(_use, b.params["streams"], self.index_of[label])
+        self.current = label
+
+    def end(self, b: Builder) -> None:
+        if self.current is not None:
+            b.call(_use, b.params["streams"], 0)
+
+    def record(self, b: Builder, label: Label, event: int) -> None:
+        b.call(_record, b.params["streams"], self.index_of[label], b.params["events"], event)
+
+    def wait(self, b: Builder, label: Label, event: int) -> None:
+        b.call(_wait, b.params["streams"], self.index_of[label], b.params["events"], event)
+
+    def first_use(
+        self, b: Builder, node: torch.fx.Node, label: Label, value: torch.fx.Node
+    ) -> None:
+        source = None if node.op == "placeholder" else self.producer.get(node)
+        if source != label:  # made on another stream (inputs: on the caller's)
+            p = b.params
+            b.call(_keep, value, p["streams"], self.index_of[label], p["tracking"])
 
 
 class CudaExecutor:
@@ -148,10 +128,26 @@ class CudaExecutor:
         self._boxed_call = True
         self.plan = plan
         self.device = device
-        self.module, fork_event = _generate(gm, plan)
-        self._num_events = fork_event + 1
-        self._fn = self.module.forward
-        self._fn_traced = _generate(gm, plan, traced=True)[0].forward
+        self._fork_event = max((s.event for s in plan.syncs), default=-1) + 1
+        self._num_events = self._fork_event + 1
+        index = {n: i for i, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
+        inputs = {n: index[n] for n in inputs_read(gm, plan.sequence, returns=True)}
+
+        def build(traced: bool) -> GeneratedCode:
+            return generate(
+                gm,
+                plan.sequence,
+                inputs=inputs,
+                hooks=_IssueHooks(plan, self._fork_event),
+                returns=True,
+                traced=traced,
+                name="AirstreamCuda",
+            )
+
+        generated = build(traced=False)
+        self.module = generated.module
+        self._fn = generated.fn
+        self._traced = LazyTraced(lambda: build(traced=True).fn)
         self._sides: list[Any] | None = None
 
     @property
@@ -162,13 +158,14 @@ class CudaExecutor:
     def _side_streams(self) -> list[Any]:
         if self._sides is None:
             self._sides = [
-                stream_for(self.device, s.label, self.plan.priorities.get(s.label, 0))
+                stream_for(self.device, str(s.label), self.plan.priorities.get(str(s.label), 0))
                 for s in self.plan.side_streams
             ]
         return self._sides
 
-    def run(self, args: Sequence[Any], tracking: bool = True) -> Any:
-        """Issue one call; ``tracking=False`` skips record_stream (inside graph capture)."""
+    def run(self, args: list[Any], tracking: bool = True) -> Any:
+        """Issue one call (emptying ``args``); ``tracking=False`` skips record_stream (inside
+        graph capture)."""
         caller = torch.cuda.current_stream(self.device)
         streams = [caller, *self._side_streams()]
         events = [torch.cuda.Event() for _ in range(self._num_events)]
@@ -177,7 +174,7 @@ class CudaExecutor:
             if trace is None:
                 return self._fn(args, streams, events, tracking)
             traces = {s.label: trace.stream(s.label) for s in self.plan.streams}
-            return self._fn_traced(args, streams, events, tracking, traces)
+            return self._traced.get()(args, streams, events, tracking, traces)
         finally:
             torch.cuda.set_stream(caller)
             if trace is not None:
@@ -200,50 +197,110 @@ def capture_blockers(gm: torch.fx.GraphModule) -> list[str]:
                 reasons.append(f"symbolic shape at input {node.name}")
             elif isinstance(val, torch.Tensor) and val.device.type != "cuda":
                 reasons.append(f"input {node.name} is on {val.device}")
-        elif node.op == "call_function" and (schema := op_schema(node.target)) is not None:
-            if schema.is_mutable:
+        elif node.op == "call_function":
+            found = effects(node)
+            if found.mutates:
                 reasons.append(f"{node.name} mutates its input")
-            if torch.Tag.nondeterministic_seeded in node.target.tags:
+            if found.random:
                 reasons.append(f"{node.name} draws random numbers")
     return reasons
 
 
-class CudaGraphExecutor:
-    """Captures a CudaExecutor's call into a CUDA graph on first use, then replays it."""
+class CudaGraphApi:
+    """The CUDA calls graph capture makes, in one place so tests can stand in for them on CPU."""
 
-    def __init__(self, inner: CudaExecutor, gm: torch.fx.GraphModule, warmup: int = 2) -> None:
+    def graph(self) -> Any:
+        """A new, empty graph to capture into."""
+        return torch.cuda.CUDAGraph()
+
+    def capture(self, graph: Any) -> Any:
+        """Context manager: everything issued inside is captured into ``graph``."""
+        return torch.cuda.graph(graph)
+
+    def warmup_stream(self, device: torch.device) -> Any:
+        """Context manager running the warm-up calls on a fresh stream, joined afterwards."""
+        return _WarmupStream(device)
+
+
+class _WarmupStream:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device=device)
+        self.context: Any = None
+
+    def __enter__(self) -> None:
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        self.context = torch.cuda.stream(self.stream)
+        self.context.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.context.__exit__(*exc)
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+
+
+class CudaGraphExecutor:
+    """Captures a CudaExecutor's call into a CUDA graph on first use, then replays it.
+
+    Parameters and buffers (``static``: their input indices, from AOTAutograd) are captured by
+    address, as torch's cudagraph trees do: a replay reads them where they are, and only the
+    other inputs are copied into the graph's own buffers. If a static input is a different tensor
+    than at capture (a module's weights replaced by new tensors), the graph is captured again.
+    """
+
+    def __init__(
+        self,
+        inner: Any,
+        gm: torch.fx.GraphModule,
+        static: Sequence[int] = (),
+        warmup: int = 2,
+        api: CudaGraphApi | None = None,
+    ) -> None:
         self._boxed_call = True
         self.inner = inner
         self.blockers = capture_blockers(gm)
+        self.static = frozenset(static)
         self.warmup = warmup
+        self.api = api or CudaGraphApi()
+        self.captures = 0  # how many times a graph was captured (recaptures included)
         self._graph: Any = None
-        self._static_inputs: list[Any] = []
+        self._inputs: list[Any] = []  # per input: the static tensor itself, or our buffer
+        self._addresses: dict[int, int] = {}  # static input index -> data_ptr at capture
         self._static_outputs: Any = None
         self._lock = threading.Lock()
 
     @property
     def code(self) -> str:
         """The generated code the graph was captured from."""
-        return self.inner.code
+        return str(self.inner.code)
 
     def _capture(self, args: Sequence[Any]) -> None:
-        static = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-        side = torch.cuda.Stream(device=self.inner.device)
-        side.wait_stream(torch.cuda.current_stream(self.inner.device))
-        with torch.cuda.stream(side):
+        inputs = [
+            a.clone() if isinstance(a, torch.Tensor) and i not in self.static else a
+            for i, a in enumerate(args)
+        ]
+        with self.api.warmup_stream(self.inner.device):
             for _ in range(self.warmup):
-                self.inner.run(static)
-        torch.cuda.current_stream(self.inner.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outputs = self.inner.run(static, tracking=False)
-        self._graph, self._static_inputs, self._static_outputs = graph, static, outputs
+                self.inner.run(list(inputs))
+        graph = self.api.graph()
+        with self.api.capture(graph):
+            outputs = self.inner.run(list(inputs), tracking=False)
+        self._graph, self._inputs, self._static_outputs = graph, inputs, outputs
+        self._addresses = {
+            i: a.data_ptr()
+            for i, a in enumerate(args)
+            if i in self.static and isinstance(a, torch.Tensor)
+        }
+        self.captures += 1
+
+    def _moved(self, args: Sequence[Any]) -> bool:
+        """A static input is not the tensor the graph captured."""
+        return any(args[i].data_ptr() != address for i, address in self._addresses.items())
 
     def __call__(self, args: list[Any]) -> Any:
         if self.blockers:
             return self.inner(args)
-        with self._lock:  # one static buffer set: calls replay one at a time
-            if self._graph is None:
+        with self._lock:  # one set of buffers: calls replay one at a time
+            if self._graph is None or self._moved(args):
                 try:
                     self._capture(args)
                 except Exception as exc:  # capture is an optimization: never fail the call
@@ -254,9 +311,10 @@ class CudaGraphExecutor:
                     )
                     self.blockers = [f"capture failed: {exc}"]
                     return self.inner(args)
-            for static, arg in zip(self._static_inputs, args, strict=True):
-                if isinstance(static, torch.Tensor):
-                    static.copy_(arg)
+            for i, (buffer, arg) in enumerate(zip(self._inputs, args, strict=True)):
+                if i not in self.static and isinstance(buffer, torch.Tensor):
+                    buffer.copy_(arg)
+            args.clear()
             self._graph.replay()
             return tuple(
                 o.clone() if isinstance(o, torch.Tensor) else o for o in self._static_outputs

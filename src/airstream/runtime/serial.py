@@ -1,80 +1,54 @@
-"""The reference executor: the optimized graph on one thread, in graph order.
+"""The reference executor: every stream's steps on one thread, in the plan's global order.
 
-Graph order is a valid order for every rule of the stream semantics (data edges, record/wait,
-wait_tensor, mutation order, RNG order), so running it serially is correct by construction; it
-backs ``debug.run_eagerly`` and is the oracle the parallel runtimes are tested against.
-
-It runs FX-generated Python code, not an ``fx.Interpreter``: the air ops are stripped before code
-generation (scope markers and waits vanish, ``wait_tensor(a, b)`` becomes ``a``, a record token
-nobody reads is dropped), so per-op cost is exactly that of an ``fx.GraphModule``.
+``plan.sequence`` follows graph order, which is a valid order for every rule of the stream
+semantics (data edges, record/wait, wait_tensor, mutation order, RNG order), so running it
+serially is correct by construction; it backs ``debug.run_eagerly`` and is the oracle the
+parallel runtimes are tested against. Records and waits generate nothing, ``wait_tensor(a, b)``
+is ``a``, so per-op cost is exactly that of an ``fx.GraphModule``.
 """
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Mapping
 from typing import Any
 
-import torch
 import torch.fx
 
-from airstream.ops.library import record, scope_enter, scope_exit, wait, wait_tensor
-from airstream.runtime.codegen import emit_op
+from airstream.runtime.codegen import GeneratedCode, Hooks, LazyTraced, generate, inputs_read
 from airstream.runtime.trace import CallTrace, tracing_wanted
-from airstream.schedule.streams import StreamAssignment
+from airstream.schedule.plan import StreamPlan
 
-__all__ = ["SerialExecutor", "strip_air_ops"]
-
-
-def strip_air_ops(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A new GraphModule computing the same values as ``gm`` without air ops."""
-    graph = torch.fx.Graph()
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    out = graph.graph_copy(gm.graph, env)
-    graph.output(out)
-    for node in list(graph.nodes):
-        if node.op != "call_function":
-            continue
-        if node.target is wait_tensor:
-            node.replace_all_uses_with(node.args[0])
-            graph.erase_node(node)
-        elif node.target in (scope_enter, scope_exit, wait):
-            graph.erase_node(node)
-    for node in list(graph.nodes):
-        if node.op == "call_function" and node.target is record and not node.users:
-            graph.erase_node(node)
-    return torch.fx.GraphModule(gm, graph, class_name="AirstreamSerial")
-
-
-def _traced(module: torch.fx.GraphModule, stream_of: Mapping[str, str | None]) -> Any:
-    """A copy of ``module`` taking a dict of StreamTraces first, each op bracketed by tracing."""
-    graph = torch.fx.Graph()
-    traces = graph.placeholder("traces")
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    for node in module.graph.nodes:
-        if node.op == "placeholder":
-            env[node] = graph.node_copy(node, env.__getitem__)
-        elif node.op == "call_function":
-            label = stream_of.get(node.name)
-            trace = graph.call_function(operator.getitem, (traces, label))
-            env[node] = emit_op(graph, node, env.__getitem__, trace)
-        else:
-            env[node] = graph.node_copy(node, env.__getitem__)
-    return torch.fx.GraphModule(module, graph, class_name="AirstreamSerialTraced").forward
+__all__ = ["SerialExecutor"]
 
 
 class SerialExecutor:
-    """Boxed callable (AOTAutograd convention: takes the argument list) running one graph."""
+    """Boxed callable (AOTAutograd convention: takes the argument list, empties it) running one
+    planned graph on the calling thread."""
 
-    def __init__(self, gm: torch.fx.GraphModule, streams: StreamAssignment | None = None) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, plan: StreamPlan) -> None:
         # An instance attribute, so wrappers made with functools.wraps (AOTAutograd wraps the
         # backward compiler's result) copy it and keep calling us boxed.
         self._boxed_call = True
-        self.module = strip_air_ops(gm)
-        self._forward = self.module.forward
-        self._stream_of = dict(streams.stream_of) if streams is not None else {}
-        self._labels = tuple(streams.streams) if streams is not None else (None,)
-        self._forward_traced = _traced(self.module, self._stream_of)
+        self.plan = plan
+        self._gm = gm
+        self._labels = tuple(s.label for s in plan.streams)
+        self._code = self._generate(traced=False)
+        self.module = self._code.module
+        self._forward = self._code.fn
+        self._traced = LazyTraced(lambda: self._generate(traced=True).fn)
+
+    def _generate(self, traced: bool) -> GeneratedCode:
+        steps = self.plan.sequence
+        index = {n: i for i, n in enumerate(self._gm.graph.find_nodes(op="placeholder"))}
+        inputs = {n: index[n] for n in inputs_read(self._gm, steps, returns=True)}
+        return generate(
+            self._gm,
+            steps,
+            inputs=inputs,
+            hooks=Hooks(),
+            returns=True,
+            traced=traced,
+            name="AirstreamSerial",
+        )
 
     @property
     def code(self) -> str:
@@ -83,11 +57,9 @@ class SerialExecutor:
 
     def __call__(self, args: list[Any]) -> Any:
         if not tracing_wanted():
-            return self._forward(*args)
+            return self._forward(args)
         trace = CallTrace()
         try:
-            return self._forward_traced(
-                {label: trace.stream(label) for label in self._labels}, *args
-            )
+            return self._traced.get()(args, {label: trace.stream(label) for label in self._labels})
         finally:
             trace.finish()

@@ -35,6 +35,7 @@ class StreamWorker:
         while True:
             job = self._jobs.get()
             job()  # jobs catch their own exceptions (see runtime.cpu)
+            del job  # a finished call's job must not keep its tensors alive until the next one
 
     def submit(self, job: Callable[[], None]) -> None:
         """Queue ``job``; prefer :func:`submit_all` for the jobs of one call."""

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 
 import torch.fx
 
+from airstream.effects import is_executed
 from airstream.ops.library import record, wait
-from airstream.schedule.deps import Requirement, is_executed, requirements
+from airstream.schedule.deps import Requirement, requirements
 from airstream.schedule.streams import StreamAssignment
 
 __all__ = ["Record", "Run", "StreamPlan", "StreamSteps", "Sync", "Wait", "build_plan"]
@@ -31,10 +32,10 @@ Label = str | None
 class Run:
     """Execute FX node ``node``."""
 
-    node: str
+    node: torch.fx.Node
 
     def __str__(self) -> str:
-        return f"run {self.node}"
+        return f"run {self.node.name}"
 
 
 @dataclass(frozen=True)
@@ -66,13 +67,14 @@ class Sync:
 
     ``reason`` is ``data``, ``mutation``, ``rng``, ``collective`` or ``join`` for syncs the
     planner added, and
-    ``control`` for the user's ``wait``/``wait_tensor`` edges.
+    ``control`` for the user's ``wait``/``wait_tensor`` edges. ``consumer`` is the graph's
+    output node for the final join.
     """
 
     event: int
-    producer: str
+    producer: torch.fx.Node
     producer_stream: Label
-    consumer: str
+    consumer: torch.fx.Node
     consumer_stream: Label
     reason: str
 
@@ -90,9 +92,14 @@ class StreamSteps:
     steps: tuple[Step, ...]
 
     @property
-    def runs(self) -> tuple[str, ...]:
-        """Names of the nodes this stream executes, in order."""
+    def runs(self) -> tuple[torch.fx.Node, ...]:
+        """The nodes this stream executes, in order."""
         return tuple(s.node for s in self.steps if isinstance(s, Run))
+
+    @property
+    def run_names(self) -> tuple[str, ...]:
+        """Names of the nodes this stream executes, in order."""
+        return tuple(s.node.name for s in self.steps if isinstance(s, Run))
 
 
 def _name(label: Label) -> str:
@@ -128,6 +135,10 @@ class StreamPlan:
         """How many events a call of this plan records."""
         return len({s.event for s in self.syncs})
 
+    def stream_of(self) -> dict[torch.fx.Node, Label]:
+        """The stream each executed node runs on."""
+        return {node: s.label for s in self.streams for node in s.runs}
+
     def summary(self) -> str:
         """Stream allocation summary: per stream ops/records/waits, then the syncs added."""
         lines = [f"{'stream':<16}{'ops':>6}{'records':>9}{'waits':>7}"]
@@ -141,10 +152,10 @@ class StreamPlan:
             f"syncs: {len(auto)} added by the planner, {len(self.syncs) - len(auto)} from "
             f"record/wait/wait_tensor, {self.dropped_waits} implied by earlier waits and dropped"
         )
-        for s in self.syncs:
+        for sync in self.syncs:
             lines.append(
-                f"  e{s.event}: {s.producer} [{_name(s.producer_stream)}] -> {s.consumer} "
-                f"[{_name(s.consumer_stream)}]  ({s.reason})"
+                f"  e{sync.event}: {sync.producer.name} [{_name(sync.producer_stream)}] -> "
+                f"{sync.consumer.name} [{_name(sync.consumer_stream)}]  ({sync.reason})"
             )
         return "\n".join(lines)
 
@@ -160,7 +171,7 @@ class _Planner:
     def __init__(self, graph: torch.fx.Graph, assignment: StreamAssignment) -> None:
         self.assignment = assignment
         self.graph = graph
-        self.runs: dict[Label, list[str]] = {label: [] for label in assignment.streams}
+        self.runs: dict[Label, list[torch.fx.Node]] = {label: [] for label in assignment.streams}
         self.pending: dict[Label, list[Step]] = {label: [] for label in assignment.streams}
         self.clock: dict[Label, dict[Label, int]] = {label: {} for label in assignment.streams}
         self.snapshots: dict[tuple[Label, int], dict[Label, int]] = {}
@@ -177,7 +188,9 @@ class _Planner:
             return self.position[before]
         return None  # placeholders, constants, and tokens recorded before any work
 
-    def _sync(self, stream: Label, consumer: str, target: tuple[Label, int], reason: str) -> None:
+    def _sync(
+        self, stream: Label, consumer: torch.fx.Node, target: tuple[Label, int], reason: str
+    ) -> None:
         source, index = target
         if source == stream:
             return
@@ -193,7 +206,7 @@ class _Planner:
             if self.clock[stream].get(label, -1) < pos:
                 self.clock[stream][label] = pos
 
-    def _needs(self, stream: Label, consumer: str, reqs: list[Requirement]) -> None:
+    def _needs(self, stream: Label, consumer: torch.fx.Node, reqs: list[Requirement]) -> None:
         targets = []
         for req in reqs:
             target = self._resolve(req)
@@ -220,15 +233,15 @@ class _Planner:
                     self.position[node] = (stream, last_run[stream])
                 continue
             if node.target is wait:
-                self._needs(stream, node.name, reqs[node])
+                self._needs(stream, node, reqs[node])
                 continue
             if not is_executed(node):
                 continue
-            self._needs(stream, node.name, reqs[node])
+            self._needs(stream, node, reqs[node])
             index = len(self.runs[stream])
-            self.runs[stream].append(node.name)
-            self.pending[stream].append(Run(node.name))
-            self.log.append((stream, Run(node.name)))
+            self.runs[stream].append(node)
+            self.pending[stream].append(Run(node))
+            self.log.append((stream, Run(node)))
             self.clock[stream][stream] = index
             self.snapshots[(stream, index)] = dict(self.clock[stream])
             self.position[node] = (stream, index)
@@ -237,10 +250,10 @@ class _Planner:
 
     def _join(self, output: torch.fx.Node) -> None:
         data = [Requirement(n, "data") for n in output.all_input_nodes]
-        self._needs(None, "output", data)
+        self._needs(None, output, data)
         for label, runs in self.runs.items():
             if label is not None and runs:
-                self._sync(None, "output", (label, len(runs) - 1), "join")
+                self._sync(None, output, (label, len(runs) - 1), "join")
 
     def _freeze(self) -> StreamPlan:
         runs_seen: dict[Label, int] = {label: -1 for label in self.assignment.streams}

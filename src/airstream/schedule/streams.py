@@ -1,6 +1,6 @@
 """Stream analysis: which stream each node runs on, and the checks that reject bad graphs.
 
-Rules (DESIGN.md section 3): the main stream is label ``None``; a node between ``scope_enter``
+Rules (docs/design.md section 3): the main stream is label ``None``; a node between ``scope_enter``
 (key ``_user_stream_label``) and its matching ``scope_exit`` runs on that label, scopes nest and
 the innermost label wins; a node outside every stream scope may carry
 ``node.meta["custom"]["air_stream"]``; else it is on the main stream. ``getitem`` (tuple indexing,

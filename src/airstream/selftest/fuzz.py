@@ -12,6 +12,7 @@ does not block). :func:`break_program` makes an invalid variant that must raise 
 
 from __future__ import annotations
 
+import functools
 import random
 import threading
 from collections.abc import Callable, Sequence
@@ -137,20 +138,20 @@ def program_fn(program: Program) -> Callable[..., tuple[torch.Tensor, ...]]:
             if step.kind == "op":
                 fn = getattr(torch, step.name)
                 args = [values[i] for i in step.args]
-                values.append(_scoped(step.stream, lambda fn=fn, args=args: fn(*args)))
+                values.append(_scoped(step.stream, functools.partial(fn, *args)))
             elif step.kind == "rand":
                 values.append(_scoped(step.stream, lambda: torch.rand(SHAPE)))
             elif step.kind == "record":
                 tokens.append(_scoped(step.stream, lambda: air.record()))
             elif step.kind == "wait":
                 deps = [tokens[-1 - i] if i < 0 else values[i] for i in step.args]
-                _scoped(step.stream, lambda deps=deps: air.wait(deps))
+                _scoped(step.stream, functools.partial(air.wait, deps))
             elif step.kind == "wait_tensor":
                 a, b = (values[i] for i in step.args)
-                values.append(_scoped(step.stream, lambda a=a, b=b: air.wait_tensor(a, b)))
+                values.append(_scoped(step.stream, functools.partial(air.wait_tensor, a, b)))
             elif step.kind == "mutate":
                 target, source = values[step.args[0]], values[step.args[1]]
-                _scoped(step.stream, lambda t=target, s=source: t.add_(s))
+                _scoped(step.stream, functools.partial(torch.Tensor.add_, target, source))
         return tuple(values[i] for i in program.outputs)
 
     return run
@@ -190,16 +191,18 @@ def check_program(program: Program, runs: int = 3, timeout: float = 20.0) -> Non
     gm = trace_program(program)
     streams = assign_streams(gm)
     plan = build_plan(gm, streams)
-    serial = SerialExecutor(gm, streams)
+    serial = SerialExecutor(gm, plan)
     parallel = CpuExecutor(gm, plan, 1) if any(s.runs for s in plan.side_streams) else serial
     for run in range(runs):
         seed = 7919 * run + 1
         ref_inputs = _inputs(program, seed)
         got_inputs = [t.clone() for t in ref_inputs]
         torch.manual_seed(seed)
-        want = serial(ref_inputs)
+        want = serial(list(ref_inputs))  # executors empty the list they get (boxed convention)
         torch.manual_seed(seed)
-        got = _call_with_timeout(lambda a=got_inputs: parallel(a), timeout, f"run {run}")
+        got = _call_with_timeout(
+            functools.partial(parallel, list(got_inputs)), timeout, f"run {run}"
+        )
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
             torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True, msg=f"output {i}")
         for i, (g, w) in enumerate(zip(got_inputs, ref_inputs, strict=True)):
@@ -212,34 +215,36 @@ def check_program_max_autotune(
     """Run ``program`` with Inductor-compiled segments (max-autotune) and on the aten path;
     outputs and mutated inputs must agree to float32 tolerance (Inductor's vectorized math is
     not bit-equal to aten's), random values exactly. Returns how many segments were compiled."""
-    from airstream.runtime.inductor import fuse_streams
+    from airstream.schedule.fuse import fuse_streams
 
     gm = trace_program(program)
     streams = assign_streams(gm)
     plan = build_plan(gm, streams)
-    reference = CpuExecutor(gm, plan, 1) if any(s.runs for s in plan.side_streams) else None
-    reference = reference or SerialExecutor(gm, streams)
+    multi_ref = any(s.runs for s in plan.side_streams)
+    reference: Any = CpuExecutor(gm, plan, 1) if multi_ref else SerialExecutor(gm, plan)
     fused_gm = trace_program(program)
-    fused_plan, fused_streams, segments = fuse_streams(
+    segments = fuse_streams(
         fused_gm,
         build_plan(fused_gm, assign_streams(fused_gm)),
-        assign_streams(fused_gm),
         graph_kind="inference",
         min_ops=min_ops,
         strict=True,
     )
+    fused_plan = build_plan(fused_gm, assign_streams(fused_gm))  # the fused graph, planned anew
     multi = any(s.runs for s in fused_plan.side_streams)
-    fused = (
-        CpuExecutor(fused_gm, fused_plan, 1) if multi else SerialExecutor(fused_gm, fused_streams)
-    )
+    fused = CpuExecutor(fused_gm, fused_plan, 1) if multi else SerialExecutor(fused_gm, fused_plan)
     for run in range(runs):
         seed = 7919 * run + 1
         ref_inputs = _inputs(program, seed)
         got_inputs = [t.clone() for t in ref_inputs]
         torch.manual_seed(seed)
-        want = _call_with_timeout(lambda a=ref_inputs: reference(a), timeout, f"aten run {run}")
+        want = _call_with_timeout(
+            functools.partial(reference, list(ref_inputs)), timeout, f"aten run {run}"
+        )
         torch.manual_seed(seed)
-        got = _call_with_timeout(lambda a=got_inputs: fused(a), timeout, f"fused run {run}")
+        got = _call_with_timeout(
+            functools.partial(fused, list(got_inputs)), timeout, f"fused run {run}"
+        )
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
             torch.testing.assert_close(g, w, equal_nan=True, msg=f"output {i}")
         for i, (g, w) in enumerate(zip(got_inputs, ref_inputs, strict=True)):
@@ -290,7 +295,8 @@ def run_fuzz(
     the aten path instead (and counts the segments compiled); segments of any length are
     compiled (``min_segment_ops=1``), so every op of every program goes through Inductor."""
     rng = random.Random(seed)
-    stats = {"valid": 0, "invalid": 0, "side_stream_programs": 0, "invalid_kinds": {}}
+    stats: dict[str, Any] = {"valid": 0, "invalid": 0, "side_stream_programs": 0}
+    stats["invalid_kinds"] = {}
     if mode == "max-autotune":
         stats["segments"] = 0
     for _ in range(cases):

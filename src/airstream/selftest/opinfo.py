@@ -151,8 +151,10 @@ _FLOAT32_DEFAULT = (1e-5, 1.3e-6)  # assert_close's (atol, rtol) for float32
 def opinfo_tolerance(opinfo: Any) -> tuple[float, float]:
     """``(atol, rtol)`` for an OpInfo's float32 CPU samples: the loosest float32
     ``toleranceOverride`` among its decorators that can apply on CPU, at least the defaults."""
-    toleranceOverride, DecorateInfo = torch_internals.opinfo_tolerance_decorators()
+    classes: tuple[Any, Any] = torch_internals.opinfo_tolerance_decorators()
+    toleranceOverride, DecorateInfo = classes
     atol, rtol = _FLOAT32_DEFAULT
+    info: Any
     for info in opinfo.decorators:
         if not isinstance(info, DecorateInfo) or info.device_type not in (None, "cpu"):
             continue

@@ -50,6 +50,7 @@ from airstream.torch_internals.core import (
     set_annotations,
     set_grad_enabled,
     stack_trace,
+    static_input_indices,
     stream_annotations,
 )
 from airstream.torch_internals.inductor import (
@@ -149,6 +150,7 @@ __all__ = [
     "set_annotations",
     "set_grad_enabled",
     "stack_trace",
+    "static_input_indices",
     "stream_annotations",
     "support_problem",
     "tag_original_aten",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.autograd.profiler
@@ -99,7 +99,10 @@ def _probe_dynamo_skip() -> Callable[..., Any]:
     return _attr("torch._dynamo.decorators:skip")
 
 
-OpOverload, OpOverloadPacket, OperatorBase = _bind("op_overload")
+if TYPE_CHECKING:  # for the type checker: the classes the probe finds at run time
+    from torch._ops import OperatorBase, OpOverload, OpOverloadPacket
+else:
+    OpOverload, OpOverloadPacket, OperatorBase = _bind("op_overload")
 FakeTensor, FakeTensorMode, detect_fake_mode = _bind("fake_tensor")
 set_grad_enabled: Callable[[bool], None] = _bind("grad_mode")
 dynamo_skip: Callable[..., Any] = _bind("dynamo_skip")
@@ -246,6 +249,33 @@ def min_cut_partition(joint: torch.fx.GraphModule, joint_inputs: Any, **kwargs: 
     partition, config = _get("partitioner")
     with config.patch(cse=False):
         return partition(joint, joint_inputs, **kwargs)
+
+
+@_feature(
+    "static_inputs",
+    "torch._guards.TracingContext.try_get() and its fw_metadata.static_input_indices "
+    "(AOTAutograd's ViewAndMutationMeta)",
+    "cuda-graphs",
+    "capturing parameters and buffers by address in CUDA graphs instead of copying them per replay",
+)
+def _probe_static_inputs() -> Callable[[], Any]:
+    context = _attr("torch._guards:TracingContext")
+    meta = _attr("torch._functorch._aot_autograd.schemas:ViewAndMutationMeta")
+    fields = getattr(meta, "__dataclass_fields__", {})
+    if "static_input_indices" not in fields:
+        raise AttributeError("ViewAndMutationMeta has no static_input_indices field")
+    if not callable(getattr(context, "try_get", None)):
+        raise AttributeError("TracingContext.try_get is missing")
+    return context.try_get
+
+
+def static_input_indices() -> tuple[int, ...] | None:
+    """Inside an AOTAutograd compiler call: the indices of the graph inputs that are parameters
+    or buffers (the same tensor every call); None when torch does not say."""
+    context = _get("static_inputs")()
+    metadata = getattr(context, "fw_metadata", None) if context is not None else None
+    indices = getattr(metadata, "static_input_indices", None)
+    return tuple(indices) if indices is not None else None
 
 
 # --- airstream.stream's eager check -----------------------------------------------------------

@@ -33,6 +33,7 @@ GROUPS: Mapping[str, str] = {
     "explain": "airstream.explain and `airstream explain`",
     "auto-streams": 'passes.auto_streams(cost_model="flops") (its flop estimates)',
     "collectives": "torch.distributed functional collectives in compiled graphs",
+    "cuda-graphs": 'mode="reduce-overhead" CUDA graphs (weights captured by address)',
     "selftest": "`airstream selftest opinfo`",
     "testing": "airstream's own test suite",
     # reporting only: a missing one warns once and the report says "unknown"; nothing fails
@@ -189,7 +190,7 @@ def _get(name: str) -> Any:
         pass
     feature = FEATURES[name]
     try:
-        value = feature.probe()
+        value = _run_probe(feature)
     except Exception as exc:
         raise _unsupported(feature, f"{type(exc).__name__}: {exc}", _missing_package(exc)) from exc
     with _resolve_lock:
@@ -197,11 +198,20 @@ def _get(name: str) -> Any:
     return value
 
 
+def _run_probe(feature: Feature) -> Any:
+    """Run a probe with torch's own deprecation warnings silenced: importing a torch module that
+    warns must not count as a missing API when the caller turned warnings into errors."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        return feature.probe()
+
+
 def probe(name: str) -> ProbeResult:
     """Run feature ``name``'s probe (uncached); report instead of raising."""
     feature = FEATURES[name]
     try:
-        feature.probe()
+        _run_probe(feature)
     except Exception as exc:
         return ProbeResult(feature, f"{type(exc).__name__}: {exc}", _missing_package(exc))
     return ProbeResult(feature, None)

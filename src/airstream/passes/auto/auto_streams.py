@@ -37,10 +37,11 @@ from typing import Any
 import torch
 import torch.fx
 
+from airstream.effects import effects
 from airstream.ops.library import is_air_op
 from airstream.passes.auto.cost import CostModel, flops_cost, profile_cost
 from airstream.passes.toolkit import place_on_stream
-from airstream.torch_internals import OpOverload, op_schema, require
+from airstream.torch_internals import require
 
 __all__ = ["AutoStreamsDecision", "auto_streams", "schedule"]
 
@@ -151,18 +152,11 @@ def _reorder(gm: torch.fx.GraphModule, start: dict[torch.fx.Node, float]) -> Non
 
 def _pinned(node: torch.fx.Node) -> bool:
     # getitem runs with its producer; mutations keep their place on main (they end the graph).
-    if node.target is operator.getitem:
-        return True
-    schema = op_schema(node.target)
-    return schema is not None and schema.is_mutable
+    return node.target is operator.getitem or effects(node).mutates
 
 
 def _order_matters(node: torch.fx.Node) -> bool:
-    target = node.target
-    schema = op_schema(target)
-    if schema is not None and schema.is_mutable:
-        return True
-    return isinstance(target, OpOverload) and (torch.Tag.nondeterministic_seeded in target.tags)
+    return effects(node).ordered
 
 
 def auto_streams(max_streams: int = 2, cost_model: str = "flops", min_gain: float = 1.1) -> Any:

@@ -3,7 +3,10 @@
 ``flops``: torch's flop counter formulas (``torch.utils.flop_counter``) on the node's metadata,
 plus a bytes term for memory traffic and a fixed dispatch cost, at nominal CPU rates. ``profile``:
 each node run a few times on random inputs of its example shapes at compile time (fastest run,
-1 intra-op thread).
+1 intra-op thread). Only pure nodes are run (``airstream.effects``): a random op, a write, a
+collective or an air op gets its ``flops`` estimate instead, and the inputs are drawn from a
+private generator, so profiling leaves every random generator as it found it and issues no
+communication.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.torch_internals import flop_formula, op_schema
+from airstream.effects import effects
+from airstream.torch_internals import flop_formula
 
 __all__ = ["CostModel", "flops_cost", "profile_cost"]
 
@@ -40,20 +44,12 @@ def _val(arg: Any) -> Any:
     return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
 
 
-def _is_view(target: Any) -> bool:
-    """Ops whose result aliases an input (t, view, expand, ...): metadata only, no traffic."""
-    schema = op_schema(target)
-    return schema is not None and any(
-        r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
-    )
-
-
 def flops_cost(node: torch.fx.Node) -> float:
     """Estimated seconds for ``node``: flops + bytes moved + dispatch (views: dispatch only)."""
     if node.op != "call_function":
         return 0.0
     target = node.target
-    if _is_view(target):
+    if effects(node).view:  # metadata only (t, view, expand, ...): no traffic
         return DISPATCH_SECONDS
     flops = 0
     formula = flop_formula(target)
@@ -68,16 +64,16 @@ def flops_cost(node: torch.fx.Node) -> float:
     return DISPATCH_SECONDS + flops / FLOPS_PER_SECOND + moved / BYTES_PER_SECOND
 
 
-def _materialize(value: Any) -> Any:
+def _materialize(value: Any, generator: torch.Generator) -> Any:
     if isinstance(value, torch.Tensor):
         shape = [int(d) if isinstance(d, int) else 8 for d in value.shape]
         if value.dtype.is_floating_point or value.dtype.is_complex:
-            return torch.randn(shape, dtype=value.dtype)
+            return torch.randn(shape, dtype=value.dtype, generator=generator)
         if value.dtype == torch.bool:
             return torch.zeros(shape, dtype=torch.bool)
         return torch.zeros(shape, dtype=value.dtype)
     if isinstance(value, (list, tuple)):
-        return type(value)(_materialize(v) for v in value)
+        return type(value)(_materialize(v, generator) for v in value)
     if isinstance(value, torch.SymInt):
         return 8
     return value
@@ -86,20 +82,25 @@ def _materialize(value: Any) -> Any:
 def profile_cost(node: torch.fx.Node, repeats: int = 5) -> float:
     """Fastest of ``repeats`` runs of ``node`` (after one warm-up) on random inputs of its example
     shapes, with 1 intra-op thread as stream workers run; falls back to :func:`flops_cost` for
-    nodes that cannot run that way."""
+    nodes that cannot run that way and for nodes with effects beyond their result."""
     if node.op != "call_function" or not callable(node.target):
         return 0.0
+    if not effects(node).pure:
+        return flops_cost(node)
     threads = torch.get_num_threads()
+    generator = torch.Generator().manual_seed(0)
+    target: Callable[..., Any] = node.target
     try:
-        args = torch.fx.map_arg(node.args, lambda a: _materialize(_val(a)))
-        kwargs = torch.fx.map_arg(node.kwargs, lambda a: _materialize(_val(a)))
+        args = torch.fx.map_arg(node.args, lambda a: _materialize(_val(a), generator))
+        kwargs = torch.fx.map_arg(node.kwargs, lambda a: _materialize(_val(a), generator))
         torch.set_num_threads(1)
-        node.target(*args, **kwargs)  # type: ignore[operator]
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            node.target(*args, **kwargs)  # type: ignore[operator]
-            samples.append(time.perf_counter() - start)
+        with torch.random.fork_rng(devices=[]):  # an op drawing randomness untagged: undone
+            target(*args, **kwargs)
+            samples = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                target(*args, **kwargs)
+                samples.append(time.perf_counter() - start)
         return min(samples)
     except Exception:
         return flops_cost(node)

@@ -37,11 +37,11 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.nodes import is_collective, is_collective_wait
+from airstream.effects import effects
 from airstream.ops.library import STREAM_LABEL_KEY, is_air_op, scope_enter, scope_exit
 from airstream.ops.stream import STREAM_ANNOTATION
 from airstream.passes.toolkit import place_on_stream
-from airstream.torch_internals import op_schema, require, stream_annotations
+from airstream.torch_internals import require, stream_annotations
 
 __all__ = ["overlap_communication"]
 
@@ -100,11 +100,8 @@ def _sink_dependents(graph: torch.fx.Graph, comm: set[torch.fx.Node]) -> int:
 
 def _ordered(node: torch.fx.Node) -> bool:
     """Random or mutating: its place in graph order matters beyond data edges."""
-    target = node.target
-    schema = op_schema(target)
-    if schema is None:
-        return False
-    return torch.Tag.nondeterministic_seeded in target.tags or schema.is_mutable
+    found = effects(node)
+    return found.random or found.mutates
 
 
 def overlap_communication(label: str = "comm", producers: bool = True, sink: bool = True) -> Any:
@@ -117,7 +114,7 @@ def overlap_communication(label: str = "comm", producers: bool = True, sink: boo
         gm: torch.fx.GraphModule, example_inputs: Sequence[Any], cfg: Any
     ) -> None:
         graph = gm.graph
-        collectives = [n for n in graph.nodes if is_collective(n)]
+        collectives = [n for n in graph.nodes if effects(n).collective]
         if not collectives:
             log.info("overlap_communication: no collective in the graph; left alone")
             return
@@ -127,7 +124,7 @@ def overlap_communication(label: str = "comm", producers: bool = True, sink: boo
             if node in placed:
                 continue  # a pass or the model already put it on a stream
             chosen.add(node)
-            chosen.update(u for u in node.users if is_collective_wait(u) and u not in placed)
+            chosen.update(u for u in node.users if effects(u).collective_wait and u not in placed)
         if producers:
             for node in reversed(list(graph.nodes)):
                 if (

@@ -1,4 +1,4 @@
-"""max-autotune: each segment (``schedule/segments.py``) compiled by Inductor, run as one step.
+"""max-autotune: each segment (``schedule/segments.py``) compiled by Inductor, fused into one node.
 
 For every segment: its nodes are cut out into a marker-free GraphModule (inputs: the values it
 reads from outside, in order of first use; outputs: a tuple of the values read after it),
@@ -10,10 +10,13 @@ the same input shapes share one compile (the experts of an MoE layer compile onc
 The graph is then rewritten: a call of the compiled segment replaces the segment's nodes at the
 place of its first node, and ``getitem`` nodes unpack its outputs. The fused node carries
 ``meta["air_segment"]`` (a CompiledSegment: the nodes it fused, the kernels Inductor generated,
-the compile time) for dumps, the profiler and ``explain``.
+the compile time; read it with :func:`segment_of`) for dumps, the profiler and ``explain``, and
+``meta["air_effects"]``, the summary of its members' effects, so the planner can plan the fused
+graph from scratch (``airstream.effects``).
 
-A segment Inductor cannot compile runs as the aten code it was, with one log line naming the
-segment, its nodes and Inductor's error; ``debug.strict_max_autotune`` makes that a PassError.
+A segment Inductor cannot compile runs as the aten code it was, with one warning naming the
+segment, its nodes and Inductor's error (``CompiledGraph.fallbacks`` counts them);
+``debug.strict_max_autotune`` makes that a PassError.
 With side streams, kernels are generated for ``stream_config.threads_per_stream`` threads, the
 intra-op threads each stream runs with.
 """
@@ -24,6 +27,7 @@ import logging
 import operator
 import re
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,10 +36,11 @@ import torch
 import torch.fx
 
 from airstream import torch_internals
+from airstream.effects import EFFECTS_KEY, summarize
 from airstream.errors import PassError, TorchSupportError
+from airstream.nodes import SEGMENT_KEY
 from airstream.schedule.plan import StreamPlan
-from airstream.schedule.segments import Segment, find_segments, substitute
-from airstream.schedule.streams import StreamAssignment
+from airstream.schedule.segments import Segment, find_segments
 
 __all__ = [
     "CompiledSegment",
@@ -116,8 +121,7 @@ def segment_module(
 ) -> tuple[torch.fx.GraphModule, list[torch.fx.Node], list[SegmentOutput]]:
     """The segment as its own GraphModule returning a tuple of tensors, with the outer nodes it
     reads (its inputs, in order) and what it returns (the values read after it, in order)."""
-    by_name = {n.name: n for n in gm.graph.nodes}
-    members = [by_name[name] for name in segment.nodes]
+    members = list(segment.members)
     inside = set(members)
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
@@ -226,7 +230,7 @@ def _key(sub: torch.fx.GraphModule, fakes: Sequence[Any]) -> tuple[Any, ...]:
         )
         for node in sub.graph.nodes
     )
-    sig = []
+    sig: list[tuple[Any, ...]] = []
     for val in fakes:
         if isinstance(val, torch.Tensor):
             sig.append((str(val.shape), str(val.stride()), val.dtype, str(val.device)))
@@ -253,16 +257,20 @@ def _rewrite(
     """Replace the segment's nodes by one call of ``run`` plus a getitem per tensor output;
     outer getitems of a member's tuple index the call's result instead."""
     graph = gm.graph
-    by_name = {n.name: n for n in graph.nodes}
-    members = [by_name[name] for name in segment.nodes]
+    members = list(segment.members)
     inside = set(members)
     # At the first member's place: every input is defined before it (a same-stream producer
     # between members would be a member, one from another stream would need a wait, which ends
     # a segment), and markers or waits that sit between members and read one still come after.
     first, last = members[0], members[-1]
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    for node in inputs:  # a constant defined between members moves up with the fused node
+        if node.op == "get_attr" and order[node] > order[first]:
+            first.prepend(node)
     with graph.inserting_before(first):
         fused = graph.create_node("call_function", run, tuple(inputs), {}, name=segment.name)
     fused.meta = {k: v for k, v in last.meta.items() if k != "val"}
+    fused.meta[EFFECTS_KEY] = summarize(members, [out.node for out in outputs])
     fused.meta["val"] = tuple(
         out.node.meta.get("val") if out.index is None else out.node.meta["val"][out.index]
         for out in outputs
@@ -293,16 +301,13 @@ def compile_segments(
     graph_kind: str,
     threads: int = 0,
     strict: bool = False,
-) -> tuple[list[CompiledSegment], dict[str, tuple[str, list[str]]]]:
-    """Compile every segment and rewrite ``gm`` in place.
+) -> list[CompiledSegment]:
+    """Compile every segment and rewrite ``gm`` in place; return what became of each.
 
-    Returns the per-segment results and, for every fused node name of the original graph, the
-    fused node and getitems replacing it (what ``schedule.segments.substitute`` takes).
     ``threads`` > 0 fixes the intra-op threads of generated CPU kernels.
     """
     torch_internals.require("max-autotune")  # a torch without them is an error, not a fallback
     results: list[CompiledSegment] = []
-    replaced: dict[str, tuple[str, list[str]]] = {}
     shared: dict[tuple[Any, ...], tuple[Callable[[list[Any]], Any], tuple[str, ...]]] = {}
     for segment in segments:
         start = time.perf_counter()
@@ -335,43 +340,41 @@ def compile_segments(
                     stage=STAGE,
                     graph_kind=graph_kind,
                 ) from exc
-            log.warning("airstream: %s runs as aten code; Inductor failed: %s", where, error)
+            message = f"airstream: {where} runs as aten code; Inductor failed: {error}"
+            log.warning("%s", message)
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
             results.append(CompiledSegment(segment, None, (), 0.0, "fallback", error))
             continue
         seconds = time.perf_counter() - start if cache != "shared" else 0.0
-        fused, getitems = _rewrite(gm, segment, inputs, outputs, _runner(compiled, segment.name))
+        fused, _ = _rewrite(gm, segment, inputs, outputs, _runner(compiled, segment.name))
         result = CompiledSegment(segment, fused.name, kernels, seconds, cache)
-        fused.meta["air_segment"] = result
-        for member in segment.nodes:
-            replaced[member] = (fused.name, getitems)
+        fused.meta[SEGMENT_KEY] = result
         results.append(result)
     gm.graph.lint()
     gm.recompile()
-    return results, replaced
+    return results
 
 
 def fuse_streams(
     gm: torch.fx.GraphModule,
     plan: StreamPlan,
-    streams: StreamAssignment,
     *,
     graph_kind: str,
     min_ops: int = 2,
     threads_per_stream: int = 1,
     strict: bool = False,
-) -> tuple[StreamPlan, StreamAssignment, tuple[CompiledSegment, ...]]:
-    """max-autotune on a planned graph: find each stream's segments, compile them, rewrite
-    ``gm`` in place; return the plan and streams of the rewritten graph (same syncs) and what
-    became of each segment. With side streams, CPU kernels use ``threads_per_stream`` threads."""
-    found = find_segments(gm, plan, min_ops)
+) -> tuple[CompiledSegment, ...]:
+    """max-autotune on a planned graph: find each stream's segments in ``plan``, compile them and
+    rewrite ``gm`` in place; return what became of each segment. The caller plans the rewritten
+    graph again (each fused node carries its members' effects). With side streams, CPU kernels
+    use ``threads_per_stream`` threads."""
+    found = find_segments(plan, min_ops)
     multi = any(s.runs for s in plan.side_streams)
-    compiled, replaced = compile_segments(
+    compiled = compile_segments(
         gm,
         found,
         graph_kind=graph_kind,
         threads=threads_per_stream if multi else 0,
         strict=strict,
     )
-    if replaced:
-        plan, streams = substitute(plan, streams, replaced)
-    return plan, streams, tuple(compiled)
+    return tuple(compiled)

@@ -20,8 +20,8 @@ from airstream import torch_internals
 from airstream.backend import AirstreamBackend, CompiledGraph
 from airstream.config import CompilerConfig
 from airstream.debug.report import format_segments, format_streams
-from airstream.passes.manager import PassObserver, PassSpec
-from airstream.schedule.plan import Run
+from airstream.observers import CompileObserver
+from airstream.passes.manager import PassSpec
 from airstream.schedule.streams import StreamAssignment, assign_streams
 
 __all__ = ["ExplainReport", "GraphReport", "explain", "small_stream_warnings"]
@@ -82,7 +82,7 @@ def _text(gm: torch.fx.GraphModule) -> str:
     return format_streams(gm, streams) if streams is not None else gm.code.strip()
 
 
-class _Recorder(PassObserver):
+class _Recorder(CompileObserver):
     def __init__(self, reports: list[GraphReport]) -> None:
         self.reports = reports
 
@@ -98,16 +98,15 @@ class _Recorder(PassObserver):
 
 def small_stream_warnings(compiled: CompiledGraph) -> list[str]:
     """Warn about side streams whose work is probably smaller than a handoff costs."""
-    by_name = {n.name: n for n in compiled.graph_module.graph.nodes}
     out = []
     for program in compiled.plan.side_streams:
-        runs = [s.node for s in program.steps if isinstance(s, Run)]
+        runs = program.runs
         if not runs:
             out.append(f"{compiled.kind} graph: stream {program.label!r} has no ops")
             continue
         elements = 0
-        for name in runs:
-            val = by_name[name].meta.get("val")
+        for node in runs:
+            val = node.meta.get("val")
             if isinstance(val, torch.Tensor):
                 numel = val.numel()
                 elements += int(numel) if isinstance(numel, int) else SMALL_STREAM_ELEMENTS
@@ -175,18 +174,13 @@ def _compile_only(
     **compile_kwargs: Any,
 ) -> tuple[AirstreamBackend, list[GraphReport]]:
     reports: list[GraphReport] = []
-    recorder = _Recorder(reports)
+    backend = AirstreamBackend(config, observers=[_Recorder(reports)])
 
-    class _ExplainBackend(AirstreamBackend):
-        def _observer(self) -> PassObserver:
-            return recorder
+    def compile_only(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> Any:
+        backend(gm, inputs)
+        return _stop
 
-        def __call__(self, gm: torch.fx.GraphModule, inputs: Sequence[Any], **kw: Any) -> Any:
-            super().__call__(gm, inputs, **kw)
-            return _stop
-
-    backend = _ExplainBackend(config)
-    compiled = torch.compile(model, backend=backend, **compile_kwargs)
+    compiled = torch.compile(model, backend=compile_only, **compile_kwargs)
     try:
         with torch.no_grad(), contextlib.suppress(_CompileOnly):
             compiled(*example_inputs)

@@ -1,0 +1,220 @@
+"""What an FX node does beyond computing its result: the one place that decides it.
+
+Every stage that must know whether an op is random, writes (which) inputs, returns an alias, is a
+collective, is an air op, runs as a step, or may be fused asks this module: the planner's ordering
+rules (``schedule/deps.py``), the max-autotune segment finder, CUDA graph capture, the automatic
+stream passes and their cost models. A fused max-autotune segment node carries the summary of its
+members' effects (``summarize``, stored in ``node.meta["air_effects"]``), so the planner runs
+once, on the final graph, with the same answers it would get from the members.
+
+Rules, for an ``OpOverload`` target: *random* means tagged ``nondeterministic_seeded`` (it draws
+from a global generator); *writes* are the arguments its schema marks ``(a!)``; its result
+*aliases* the argument whose schema alias set it returns (views, in-place ops), and ``getitem``
+and ``air::wait_tensor`` alias their first argument; a *collective* is a
+``torch.distributed`` functional collective that starts communication (its ``wait_tensor``
+completes one). A Python callable FX calls (not an op) has no declared effects and is treated as
+pure, as FX itself does.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+from airstream.ops.library import is_air_op, record, scope_enter, scope_exit, wait, wait_tensor
+from airstream.torch_internals import OpOverload, collective_op_name, op_schema
+
+__all__ = [
+    "EFFECTS_KEY",
+    "Effects",
+    "data_inputs",
+    "effects",
+    "fusible",
+    "is_executed",
+    "summarize",
+]
+
+EFFECTS_KEY = "air_effects"  # node.meta key: an Effects summary (fused segment nodes)
+
+_FUSIBLE_NAMESPACES = frozenset({"aten", "prims"})
+
+
+@dataclass(frozen=True)
+class Effects:
+    """The effects of one node.
+
+    Attributes:
+        random: draws from a global random generator (its order among random ops matters).
+        writes: the input nodes it writes in place.
+        aliases: the input nodes whose storage its result (or an element of it) may share.
+        view: its result is a view of an input (metadata only: no data is read or written).
+        collective: starts a ``torch.distributed`` functional collective.
+        collective_wait: completes a functional collective (``_c10d_functional.wait_tensor``).
+        air: one of the ``air`` stream ops.
+    """
+
+    random: bool = False
+    writes: tuple[torch.fx.Node, ...] = ()
+    aliases: tuple[torch.fx.Node, ...] = ()
+    view: bool = False
+    collective: bool = False
+    collective_wait: bool = False
+    air: bool = False
+
+    @property
+    def mutates(self) -> bool:
+        """Writes to one of its inputs."""
+        return bool(self.writes)
+
+    @property
+    def ordered(self) -> bool:
+        """Its place in program order matters beyond data edges (random, writing, collective)."""
+        return self.random or self.mutates or self.collective
+
+    @property
+    def pure(self) -> bool:
+        """Running it has no effect but its result: safe to run on made-up inputs, to move, to
+        drop when unused."""
+        return not (self.ordered or self.collective_wait or self.air)
+
+
+_PURE = Effects()
+
+
+def _arg_value(node: torch.fx.Node, index: int, name: str) -> Any:
+    return node.args[index] if index < len(node.args) else node.kwargs.get(name)
+
+
+def _nodes_in(value: Any) -> list[torch.fx.Node]:
+    values = value if isinstance(value, (list, tuple)) else [value]
+    return [v for v in values if isinstance(v, torch.fx.Node)]
+
+
+def effects(node: torch.fx.Node) -> Effects:
+    """The effects of ``node`` (pure for placeholders, constants and the output)."""
+    if node.op != "call_function":
+        return _PURE
+    summary = node.meta.get(EFFECTS_KEY)
+    if isinstance(summary, Effects):
+        return summary
+    target = node.target
+    if target is operator.getitem:
+        return Effects(aliases=tuple(_nodes_in(node.args[0])))
+    if is_air_op(target):
+        waited = tuple(_nodes_in(node.args[0])) if target is wait_tensor else ()
+        return Effects(air=True, aliases=waited)
+    if not isinstance(target, OpOverload):
+        return _PURE
+    schema = op_schema(target)
+    if schema is None:
+        return _PURE
+    writes: list[torch.fx.Node] = []
+    aliases: list[torch.fx.Node] = []
+    returned = [r.alias_info for r in schema.returns if r.alias_info is not None]
+    returned_sets = {s for info in returned for s in info.before_set}
+    for i, arg in enumerate(schema.arguments):
+        info = arg.alias_info
+        if info is None:
+            continue
+        inputs = _nodes_in(_arg_value(node, i, arg.name))
+        if info.is_write:
+            writes += inputs
+        if returned_sets & set(info.before_set) or not returned_sets:
+            aliases += inputs
+    view = bool(returned) and not writes
+    collective = collective_op_name(target)
+    return Effects(
+        random=torch.Tag.nondeterministic_seeded in target.tags,
+        writes=tuple(dict.fromkeys(writes)),
+        aliases=tuple(dict.fromkeys(aliases)) if returned else (),
+        view=view,
+        collective=collective is not None and collective != "wait_tensor",
+        collective_wait=collective == "wait_tensor",
+    )
+
+
+def is_executed(node: torch.fx.Node) -> bool:
+    """True for nodes that run as a step: every call except markers, waits and bare records."""
+    if node.op != "call_function" or node.target in (scope_enter, scope_exit, wait):
+        return False
+    if node.target is record:
+        # A token that only feeds waits is an event position, not work.
+        return any(user.target is not wait for user in node.users)
+    return True
+
+
+def data_inputs(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The values an executor reads to run ``node``: ``wait_tensor``'s dependency and ``wait``'s
+    tokens order work but are never read."""
+    if node.op == "call_function" and node.target is wait_tensor:
+        return _nodes_in(node.args[0])
+    if node.op == "call_function" and node.target in (wait, scope_enter, scope_exit):
+        return []
+    return list(node.all_input_nodes)
+
+
+def _is_tensor_value(val: object) -> bool:
+    if isinstance(val, torch.Tensor):
+        return True
+    if isinstance(val, list | tuple):
+        return len(val) > 0 and all(isinstance(v, torch.Tensor) for v in val)
+    return False
+
+
+def fusible(node: torch.fx.Node, inside: set[torch.fx.Node] | frozenset[torch.fx.Node]) -> bool:
+    """May ``node`` join a max-autotune segment whose nodes so far are ``inside``?
+
+    aten/prims operators with tensor results; no random ops (they keep eager's generator order);
+    no collectives; no mutation except ``copy_`` into a graph input (an input mutation's
+    write-back); ``getitem`` only of a node already in the segment.
+    """
+    if node.op != "call_function":
+        return False
+    target = node.target
+    if target is operator.getitem:
+        source = node.args[0]
+        return isinstance(source, torch.fx.Node) and source in inside
+    if not isinstance(target, OpOverload) or target.namespace not in _FUSIBLE_NAMESPACES:
+        return False
+    if EFFECTS_KEY in node.meta or not _is_tensor_value(node.meta.get("val")):
+        return False
+    found = effects(node)
+    if found.random or found.collective or found.collective_wait:
+        return False
+    if found.mutates:
+        dest = node.args[0] if node.args else None
+        return (
+            target is torch.ops.aten.copy_.default
+            and isinstance(dest, torch.fx.Node)
+            and dest.op == "placeholder"
+        )
+    return True
+
+
+def summarize(members: Iterable[torch.fx.Node], outputs: Iterable[torch.fx.Node]) -> Effects:
+    """The effects of running ``members`` (fusible nodes, in order) as one step returning
+    ``outputs``, seen from outside: the outside inputs they write, and the outside inputs an
+    output may alias (followed through views and tuple indexing inside)."""
+    inside = list(members)
+    member_set = set(inside)
+    writes: dict[torch.fx.Node, None] = {}
+    roots: dict[torch.fx.Node, tuple[torch.fx.Node, ...]] = {}
+    for node in inside:
+        found = effects(node)
+        writes.update((w, None) for w in found.writes if w not in member_set)
+        reached: dict[torch.fx.Node, None] = {}
+        for source in found.aliases:
+            if source in member_set:
+                reached.update(dict.fromkeys(roots.get(source, ())))
+            else:
+                reached[source] = None
+        roots[node] = tuple(reached)
+    aliases: dict[torch.fx.Node, None] = {}
+    for out in outputs:
+        aliases.update(dict.fromkeys(roots.get(out, ())))
+    return Effects(writes=tuple(writes), aliases=tuple(aliases))
