@@ -43,6 +43,16 @@ def _bench(args: argparse.Namespace) -> int:
                 for name, ms in report["ms"].items()
             )
         )
+    elif args.name == "memory":
+        from airstream.bench.memory import format_memory, run_memory
+
+        report = run_memory(
+            layers=args.layers or 8,
+            hidden=args.hidden or 1024,
+            batch=args.tokens or 4096,
+            steps=args.calls or 3,
+        )
+        text = format_memory(report)
     elif args.name == "passes":
         from airstream.bench.suite import pass_timing
 
@@ -55,7 +65,7 @@ def _bench(args: argparse.Namespace) -> int:
 
         report = run_tp(
             nproc=args.nproc,
-            layers=args.layers,
+            layers=args.layers or 4,
             tokens=args.tokens or 64,
             hidden=args.hidden or 256,
             rounds=args.rounds,
@@ -108,7 +118,7 @@ def _explain(args: argparse.Namespace) -> int:
     import importlib
 
     from airstream.config import CompilerConfig
-    from airstream.debug.explain import explain
+    from airstream.explain import explain
 
     module_name, _, attr = args.target.partition(":")
     if not attr:
@@ -308,6 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
             "batched-experts",
             "branches-pointwise",
             "tp",
+            "memory",
         ],
         help="overhead: per-op cost vs fx.GraphModule and one side stream's cost; "
         "moe: a dense MoE block, eager vs Inductor vs airstream on 1 and 2 streams "
@@ -315,7 +326,10 @@ def build_parser() -> argparse.ArgumentParser:
         "the stream passes that apply to it; passes: how long each pass takes on 5,000 nodes; "
         "branches-pointwise (and moe with --mode): reduce-overhead vs max-autotune on 1 and 2 "
         "streams next to eager and Inductor, with compile times; tp: a tensor-parallel MLP "
-        "stack over --nproc gloo ranks, eager vs airstream 1 stream vs overlap_communication",
+        "stack over --nproc gloo ranks, eager vs airstream 1 stream vs overlap_communication; "
+        "memory: peak memory of a training step and of inference (--layers, --hidden, "
+        "--tokens = batch, --calls = steps), eager vs aot_eager vs Inductor vs airstream on 1 "
+        "and 2 streams, each in its own process",
     )
     bench.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
     bench.add_argument(
@@ -343,7 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="--mode: skip the compile-time measurements (fresh processes, cold/warm cache)",
     )
     bench.add_argument("--nproc", type=int, default=2, help="tp: ranks to spawn (default 2)")
-    bench.add_argument("--layers", type=int, default=4, help="tp: layers (default 4)")
+    bench.add_argument(
+        "--layers", type=int, default=None, help="tp: layers (default 4); memory: (default 8)"
+    )
     bench.add_argument("--json", action="store_true", help="print the report as JSON")
     bench.set_defaults(func=_bench)
     return parser
