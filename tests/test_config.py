@@ -108,3 +108,30 @@ def test_prints_readably_and_compares_by_value() -> None:
 def test_get_backend_rejects_non_config() -> None:
     with pytest.raises(TypeError, match="airstream.CompilerConfig"):
         airstream.get_backend(compiler_config={"debug.run_eagerly": True})
+
+
+def test_option_table_builds_nested_and_open_groups() -> None:
+    from airstream.config import Option, OptionGroup, boolean
+
+    class Table(OptionGroup, table={"a.b": Option(False, boolean), "a.c.*": Option(0)}):
+        _NOUN = "table option"
+
+    t = Table()
+    assert Table.option_paths() == ["a.b"]
+    t.a.b = True
+    t.set_option("a.c.anything", 5)
+    assert t.a.c.anything == 5 and t.a.c.unset == 0, "an unset name reads the default"
+    assert t.as_dict() == {"a.b": True, "a.c.anything": 5}
+    with pytest.raises(ConfigError, match=r"invalid value 1 for table option 'a.b'; allowed"):
+        t.a.b = 1
+    with pytest.raises(ConfigError, match=r"unknown table option 'a.x'.*Valid names.*b, c"):
+        t.a.x = 1
+    with pytest.raises(TypeError, match="both option and group"):
+
+        class Clash(OptionGroup, table={"a": Option(), "a.b": Option()}):
+            pass
+
+    with pytest.raises(TypeError, match=r"\['as_dict'\] shadow attributes"):
+
+        class Shadow(OptionGroup, table={"as_dict": Option()}):
+            pass

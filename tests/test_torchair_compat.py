@@ -13,6 +13,7 @@ import pytest
 import torch
 from tests.conftest import assert_same, compile_model, graph_of
 
+import airstream
 import airstream.compat.torchair as torchair
 from airstream.compat.torchair import config as compat_config
 
@@ -116,7 +117,7 @@ def test_stream_switch_and_wait_tensor_order_in_the_plan() -> None:
         assert_same(compiled(x), _SwitchAndWait()(x))
     graph = graph_of(backend, "inference")
     assert graph.streams.priorities == {"side": 1}
-    reasons = {(s.producer, s.reason) for s in graph.plan.syncs}
+    reasons = {(s.producer.name, s.reason) for s in graph.plan.syncs}
     assert ("sum_1", "control") in reasons, reasons
     side = graph.plan.stream("side").steps
     assert str(side[0]).startswith("wait"), "the side stream waits for the gate first"
@@ -130,7 +131,7 @@ def test_ops_wait_rejects_bad_lists() -> None:
     token = torchair.ops.record()
     torchair.ops.wait([token])
     t = torch.ones(2)
-    assert torchair.ops.npu_wait_tensor(t, token) is t
+    assert torch.equal(torchair.ops.npu_wait_tensor(t, token), t)
 
 
 def test_scope_helpers_are_attributes_without_effect() -> None:
@@ -251,3 +252,47 @@ def test_torchair_default_mode_is_airstreams_max_autotune() -> None:
     assert config.airstream.mode == "max-autotune"
     config.mode = "reduce-overhead"
     assert config.airstream.mode == "reduce-overhead"
+
+
+# ---- the TorchAir table over airstream's option machinery -----------------------------------
+
+
+def test_mapped_option_writes_its_airstream_path_and_reads_back() -> None:
+    config = torchair.CompilerConfig()
+    config.debug.run_eagerly = True
+    assert config.airstream.get_option("debug.run_eagerly") is True
+    assert config.debug.run_eagerly is True and config.get_option("debug.run_eagerly") is True
+    config.set_option("debug.run_eagerly", False)
+    assert config.airstream.debug.run_eagerly is False and config.debug.run_eagerly is False
+    config.debug.graph_dump.type = "pbtxt"  # converted on the way: read back as given
+    assert config.debug.graph_dump.type == "pbtxt"
+    assert config.airstream.debug.graph_dump.type == "txt"
+
+
+def test_every_mapped_target_is_an_airstream_option() -> None:
+    targets = compat_config._targets()
+    assert targets["debug.run_eagerly"] == "debug.run_eagerly"
+    assert set(targets.values()) <= set(airstream.CompilerConfig.option_paths())
+    assert set(targets) <= set(torchair.CompilerConfig.option_paths())
+
+
+def test_npu_only_values_are_stored_and_leave_airstream_alone() -> None:
+    config = torchair.CompilerConfig()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config.experimental_config.frozen_parameter = True
+        config.export.experimental = True
+    assert config.experimental_config.frozen_parameter is True
+    assert config.export.experimental is True and config.export.unset_name is None
+    assert config.as_dict()["export.experimental"] is True
+    assert config.airstream == torchair.CompilerConfig().airstream
+
+
+def test_rejected_torchair_value_changes_neither_config() -> None:
+    config = torchair.CompilerConfig()
+    with pytest.raises(airstream.ConfigError, match=r"'debug.graph_dump.type'.*'pbtxt'"):
+        config.debug.graph_dump.type = "svg"  # airstream takes svg; TorchAir does not
+    with pytest.raises(ValueError, match="optional values: None or an int >= -1"):
+        config.experimental_config.static_model_ops_lower_limit = -2
+    assert config == torchair.CompilerConfig()
+    assert config.airstream == torchair.CompilerConfig().airstream

@@ -4,15 +4,18 @@ Every option lives at a dotted path (``"debug.run_eagerly"``); ``torch.compile(.
 backend="airstream", options={...})`` takes the same paths. Unknown names and bad values raise
 :class:`~airstream.errors.ConfigError` naming the valid choices; a pass slot given something
 that is not callable raises ``TypeError``.
+
+The machinery (:class:`Option`, :class:`OptionGroup` and the checks) also backs the TorchAir
+view, :mod:`airstream.compat.torchair.config`, which declares its options as a table of paths.
 """
 
 from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from airstream.errors import ConfigError
 
@@ -21,52 +24,56 @@ __all__ = ["CompilerConfig", "PassSlot"]
 PassSlot = Callable[..., Any] | tuple[Callable[..., Any], ...] | None
 
 
-@dataclass(frozen=True)
-class _Option:
-    default: Any
-    check: Callable[[str, Any], Any]
-    doc: str
+class Invalid(Exception):
+    """Raised by a check: the value is not allowed; the message describes the allowed values."""
 
 
-def _choice(*allowed: Any) -> Callable[[str, Any], Any]:
+Check = Callable[[str, Any], Any]
+"""``check(path, value)`` returns the value to store, or raises :class:`Invalid`/``TypeError``."""
+
+Effect = Callable[["OptionGroup", str, Any], None]
+"""``effect(root, path, value)`` runs after the check, before the value is stored; may raise."""
+
+
+def anything(path: str, value: Any) -> Any:
+    """Accept any value."""
+    return value
+
+
+def choice(*allowed: Any) -> Check:
+    """Accept one of ``allowed`` (compared by type as well: 1 is not True)."""
+
     def check(path: str, value: Any) -> Any:
-        # `True == 1` in Python: compare type as well so 1 is not accepted for True.
         if not any(value == a and type(value) is type(a) for a in allowed):
-            raise ConfigError(
-                f"invalid value {value!r} for option {path!r}; allowed values: "
-                + ", ".join(repr(a) for a in allowed)
-            )
+            raise Invalid(", ".join(repr(a) for a in allowed))
         return value
 
     return check
 
 
-def _boolean(path: str, value: Any) -> bool:
+def boolean(path: str, value: Any) -> bool:
+    """Accept True or False."""
     if not isinstance(value, bool):
-        raise ConfigError(
-            f"invalid value {value!r} for option {path!r}; allowed values: True, False"
-        )
+        raise Invalid("True, False")
     return value
 
 
-def _positive_int(path: str, value: Any) -> int:
+def positive_int(path: str, value: Any) -> int:
+    """Accept an int >= 1 (not a bool)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(
-            f"invalid value {value!r} for option {path!r}; allowed values: an int >= 1"
-        )
+        raise Invalid("an int >= 1")
     return value
 
 
-def _directory(path: str, value: Any) -> str:
+def directory(path: str, value: Any) -> str:
+    """Accept a non-empty str or path-like, stored as str."""
     if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
-        raise ConfigError(
-            f"invalid value {value!r} for option {path!r}; allowed values: a directory path (str)"
-        )
+        raise Invalid("a directory path (str)")
     return os.fspath(value)
 
 
-def _pass_slot(path: str, value: Any) -> PassSlot:
-    """A pass slot holds None, one callable, or a sequence of callables (stored as a tuple)."""
+def pass_slot(path: str, value: Any) -> PassSlot:
+    """Accept None, one callable, or a sequence of callables (stored as a tuple)."""
     if value is None or callable(value):
         return value
     if isinstance(value, (list, tuple)):
@@ -83,32 +90,98 @@ def _pass_slot(path: str, value: Any) -> PassSlot:
     )
 
 
-class _Group:
-    """A group of options; subclasses declare ``_OPTIONS`` and nested ``_GROUPS``."""
+@dataclass(frozen=True)
+class Option:
+    """One option: its default, the check its values pass and what setting it does."""
 
-    _OPTIONS: ClassVar[dict[str, _Option]] = {}
-    _GROUPS: ClassVar[dict[str, type[_Group]]] = {}
+    default: Any = None
+    check: Check = anything
+    doc: str = ""
+    effect: Effect | None = None
+
+
+def _tree(
+    table: Mapping[str, Option], prefix: str
+) -> tuple[dict[str, Option], dict[str, type[OptionGroup]], Option | None]:
+    """Options, generated subgroup classes and the ``*`` option of the group at ``prefix``."""
+    options: dict[str, Option] = {}
+    subtables: dict[str, dict[str, Option]] = {}
+    wildcard = None
+    for path, opt in table.items():
+        head, dot, rest = path.partition(".")
+        if dot:
+            subtables.setdefault(head, {})[rest] = opt
+        elif head == "*":
+            wildcard = opt
+        else:
+            options[head] = opt
+    if clash := sorted(options.keys() & subtables.keys()):
+        raise TypeError(f"{clash} under {prefix or 'the root'!r}: both option and group")
+    groups: dict[str, type[OptionGroup]] = {}
+    for name, sub in subtables.items():
+        path = f"{prefix}.{name}" if prefix else name
+        opts, subgroups, wild = _tree(sub, path)
+        attrs = {"_PATH": path, "_OPTIONS": opts, "_GROUPS": subgroups, "_OPEN": wild}
+        groups[name] = type(path, (OptionGroup,), attrs)
+    return options, groups, wildcard
+
+
+class OptionGroup:
+    """Options and nested groups at ``_PATH``, checked on assignment, with dotted-path access.
+
+    Declare ``_OPTIONS`` and ``_GROUPS``, or subclass with ``table={dotted path: Option}``; a path
+    ending in ``*`` makes its group take any other name as that option. The root's ``_NOUN`` and
+    ``_ALLOWED`` word the errors.
+    """
+
+    _OPTIONS: ClassVar[dict[str, Option]] = {}
+    _GROUPS: ClassVar[dict[str, type[OptionGroup]]] = {}
+    _OPEN: ClassVar[Option | None] = None
     _PATH: ClassVar[str] = ""
+    _NOUN: ClassVar[str] = "option"
+    _ALLOWED: ClassVar[str] = "allowed values"
+    _root: OptionGroup
+    _values: dict[str, Any]
+
+    def __init_subclass__(cls, table: Mapping[str, Option] | None = None, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if table is not None:
+            cls._OPTIONS, cls._GROUPS, cls._OPEN = _tree(table, cls._PATH)
+        if shadowed := [name for name in (*cls._OPTIONS, *cls._GROUPS) if hasattr(cls, name)]:
+            raise TypeError(f"{cls.__name__}: option names {shadowed} shadow attributes")
 
     def __init__(self) -> None:
-        for name, opt in self._OPTIONS.items():
-            object.__setattr__(self, name, opt.default)
-        for name, group in self._GROUPS.items():
-            object.__setattr__(self, name, group())
+        self._setup(self)
 
-    def _path(self, name: str) -> str:
-        return f"{self._PATH}.{name}" if self._PATH else name
+    def _setup(self, root: OptionGroup) -> None:
+        values: dict[str, Any] = {name: opt.default for name, opt in self._OPTIONS.items()}
+        for name, group in self._GROUPS.items():
+            values[name] = sub = group.__new__(group)
+            sub._setup(root)
+        object.__setattr__(self, "_root", root)
+        object.__setattr__(self, "_values", values)
+
+    @classmethod
+    def _path(cls, name: str) -> str:
+        return f"{cls._PATH}.{name}" if cls._PATH else name
 
     def _valid_names(self) -> list[str]:
-        return sorted([*self._OPTIONS, *self._GROUPS])
+        return sorted([*self._OPTIONS, *self._GROUPS, *(["*"] if self._OPEN else [])])
+
+    def _option(self, name: str) -> Option | None:
+        if name in self._OPTIONS:
+            return self._OPTIONS[name]
+        if name in self._GROUPS or name.startswith("_") or not name.isidentifier():
+            return None
+        return self._OPEN
 
     def _unknown(self, name: str) -> ConfigError:
         valid = self._valid_names()
         close = difflib.get_close_matches(name, valid, n=1)
         hint = f" Did you mean {self._path(close[0])!r}?" if close else ""
-        where = f"option group {self._PATH!r}" if self._PATH else "CompilerConfig"
+        where = f"option group {self._PATH!r}" if self._PATH else type(self).__name__
         return ConfigError(
-            f"unknown option {self._path(name)!r}.{hint} Valid names in {where}: "
+            f"unknown {self._root._NOUN} {self._path(name)!r}.{hint} Valid names in {where}: "
             + ", ".join(valid)
         )
 
@@ -117,18 +190,33 @@ class _Group:
             raise ConfigError(
                 f"{self._path(name)!r} is an option group, not an option; set its options "
                 f"instead, e.g. config.{self._path(name)}.<option> = value "
-                f"(options: {', '.join(getattr(self, name)._valid_names())})"
+                f"(options: {', '.join(self._values[name]._valid_names())})"
             )
-        opt = self._OPTIONS.get(name)
+        opt = self._option(name)
         if opt is None:
             raise self._unknown(name)
-        object.__setattr__(self, name, opt.check(self._path(name), value))
+        path = self._path(name)
+        try:
+            checked = opt.check(path, value)
+        except Invalid as e:
+            raise ConfigError(
+                f"invalid value {value!r} for {self._root._NOUN} {path!r}; "
+                f"{self._root._ALLOWED}: {e}"
+            ) from None
+        if opt.effect is not None:
+            opt.effect(self._root, path, checked)
+        self._values[name] = checked
 
     def __getattr__(self, name: str) -> Any:
-        # Only called when normal lookup fails, i.e. for unknown names.
-        if name.startswith("__"):
+        # Only called when normal lookup fails: option values, or unknown names.
+        if name.startswith("_"):
             raise AttributeError(name)
-        raise AttributeError(str(self._unknown(name)))
+        if name in self._values:
+            return self._values[name]
+        opt = self._option(name)
+        if opt is None:
+            raise AttributeError(str(self._unknown(name)))
+        return opt.default
 
     def __delattr__(self, name: str) -> None:
         raise ConfigError(f"options cannot be deleted; assign a value to {self._path(name)!r}")
@@ -136,152 +224,56 @@ class _Group:
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
             return NotImplemented
-        return vars(self) == vars(other)
+        return self._values == other._values
 
     __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
 
     def __repr__(self) -> str:
-        parts = [f"{name}={getattr(self, name)!r}" for name in [*self._OPTIONS, *self._GROUPS]]
+        parts = [f"{name}={value!r}" for name, value in self._values.items()]
         return f"{type(self).__name__}({', '.join(parts)})"
 
-    def _items(self) -> Iterable[tuple[str, Any]]:
-        for name in self._OPTIONS:
-            yield self._path(name), getattr(self, name)
-        for name in self._GROUPS:
-            yield from getattr(self, name)._items()
+    def _items(self) -> Iterator[tuple[str, Any]]:
+        groups = []
+        for name, value in self._values.items():
+            if isinstance(value, OptionGroup):
+                groups.append(value)
+            else:
+                yield self._path(name), value
+        for group in groups:
+            yield from group._items()
 
-
-class GraphDumpConfig(_Group):
-    """``debug.graph_dump``: which graph dumps to write and where."""
-
-    _PATH = "debug.graph_dump"
-    _OPTIONS = {
-        "type": _Option(None, _choice(None, "txt", "py", "dot", "svg"), "dump format, None = off"),
-        "path": _Option(".", _directory, "directory the dumps are written to"),
-    }
-
-
-class DebugConfig(_Group):
-    """``debug``: dumps, reference execution and pass verification."""
-
-    _PATH = "debug"
-    _GROUPS = {"graph_dump": GraphDumpConfig}
-    _OPTIONS = {
-        "run_eagerly": _Option(
-            False, _boolean, "run the optimized graph serially, in graph order (reference)"
-        ),
-        "verify_passes": _Option(
-            False, _boolean, "lint the graph and re-check node metadata after every pass"
-        ),
-        "strict_max_autotune": _Option(
-            False,
-            _boolean,
-            "max-autotune: a segment Inductor cannot compile is an error (default: it runs as "
-            "aten code, logged once)",
-        ),
-    }
-
-
-class ExperimentalConfig(_Group):
-    """``experimental_config``: switches for the built-in passes and AOTAutograd."""
-
-    _PATH = "experimental_config"
-    _OPTIONS = {
-        "remove_noop_ops": _Option(
-            True, _boolean, "built-in pass: drop view ops that return their input unchanged"
-        ),
-        "enable_view_optimize": _Option(
-            False, _boolean, "built-in pass: rewrite view/_unsafe_view as reshape"
-        ),
-        "eliminate_dead_code": _Option(True, _boolean, "built-in pass: dead-code elimination"),
-        "cse": _Option(True, _boolean, "built-in pass: common-subexpression elimination"),
-        "keep_inference_input_mutations": _Option(
-            True, _boolean, "keep input mutations (copy_) inside inference graphs"
-        ),
-        "min_segment_ops": _Option(
-            2,
-            _positive_int,
-            "max-autotune: shortest run of fusible ops compiled by Inductor (shorter runs stay "
-            "aten calls: one op alone gains no fusion)",
-        ),
-    }
-
-
-class GeConfig(_Group):
-    """``ge_config``: TorchAir's graph-engine options that have a meaning off the NPU."""
-
-    _PATH = "ge_config"
-    _OPTIONS = {
-        "enable_single_stream": _Option(
-            False, _boolean, "ignore every stream label and run all nodes on the main stream"
-        ),
-    }
-
-
-class StreamConfig(_Group):
-    """``stream_config``: how stream workers run."""
-
-    _PATH = "stream_config"
-    _OPTIONS = {
-        "threads_per_stream": _Option(
-            1, _positive_int, "CPU intra-op threads in each stream worker"
-        ),
-    }
-
-
-class CompilerConfig(_Group):
-    """All of airstream's options.
-
-    Example::
-
-        config = airstream.CompilerConfig()
-        config.post_grad_custom_pre_pass = my_pass
-        config.debug.run_eagerly = True
-        config.set_option("ge_config.enable_single_stream", True)
-    """
-
-    _OPTIONS = {
-        "mode": _Option(
-            "reduce-overhead",
-            _choice("reduce-overhead", "max-autotune"),
-            "reduce-overhead: generated aten code; max-autotune: Inductor segments per stream",
-        ),
-        "post_grad_custom_pre_pass": _Option(None, _pass_slot, "pass(es) run before built-ins"),
-        "post_grad_custom_post_pass": _Option(None, _pass_slot, "pass(es) run after built-ins"),
-    }
-    _GROUPS = {
-        "debug": DebugConfig,
-        "experimental_config": ExperimentalConfig,
-        "ge_config": GeConfig,
-        "stream_config": StreamConfig,
-    }
+    @classmethod
+    def _declared(cls) -> Iterator[str]:
+        yield from (cls._path(name) for name in cls._OPTIONS)
+        if cls._OPEN is not None:
+            yield cls._path("*")
+        for group in cls._GROUPS.values():
+            yield from group._declared()
 
     @classmethod
     def option_paths(cls) -> list[str]:
-        """Every option's dotted path, e.g. ``"debug.graph_dump.type"``."""
-        return [path for path, _ in cls()._items()]
+        """Every declared option's dotted path, e.g. ``"debug.graph_dump.type"``."""
+        return [path for path in cls._declared() if not path.endswith("*")]
 
-    def _resolve(self, path: str) -> tuple[_Group, str]:
+    def _resolve(self, path: str) -> tuple[OptionGroup, str]:
         if not isinstance(path, str) or not path:
             raise ConfigError(f"option path must be a non-empty str, got {path!r}")
         *groups, leaf = path.split(".")
-        node: _Group = self
+        node: OptionGroup | None = self
         for name in groups:
-            if name not in node._GROUPS:
-                raise ConfigError(
-                    f"unknown option {path!r}; valid options: {', '.join(self.option_paths())}"
-                )
-            node = getattr(node, name)
-        if leaf not in node._OPTIONS:
-            close = difflib.get_close_matches(path, self.option_paths(), n=1)
+            node = node._values[name] if node is not None and name in node._GROUPS else None
+        if node is None or node._option(leaf) is None:
+            valid = list(self._declared())
+            close = difflib.get_close_matches(self._path(path), valid, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ConfigError(
-                f"unknown option {path!r}.{hint} Valid options: {', '.join(self.option_paths())}"
+                f"unknown {self._root._NOUN} {self._path(path)!r}.{hint} "
+                f"Valid options: {', '.join(valid)}"
             )
         return node, leaf
 
     def set_option(self, path: str, value: Any) -> None:
-        """Set the option at dotted ``path`` (validated as on attribute assignment)."""
+        """Set the option at dotted ``path`` (checked as on attribute assignment)."""
         node, leaf = self._resolve(path)
         setattr(node, leaf, value)
 
@@ -295,7 +287,7 @@ class CompilerConfig(_Group):
         return dict(self._items())
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any] | None) -> CompilerConfig:
+    def from_options(cls, options: Mapping[str, Any] | None) -> Self:
         """Build a config from ``{dotted path: value}``, as ``torch.compile(options=...)`` gives."""
         config = cls()
         if options is None:
@@ -307,6 +299,110 @@ class CompilerConfig(_Group):
         for path, value in options.items():
             config.set_option(path, value)
         return config
+
+
+class GraphDumpConfig(OptionGroup):
+    """``debug.graph_dump``: which graph dumps to write and where."""
+
+    _PATH = "debug.graph_dump"
+    _OPTIONS = {
+        "type": Option(None, choice(None, "txt", "py", "dot", "svg"), "dump format, None = off"),
+        "path": Option(".", directory, "directory the dumps are written to"),
+    }
+
+
+class DebugConfig(OptionGroup):
+    """``debug``: dumps, reference execution and pass verification."""
+
+    _PATH = "debug"
+    _GROUPS = {"graph_dump": GraphDumpConfig}
+    _OPTIONS = {
+        "run_eagerly": Option(
+            False, boolean, "run the optimized graph serially, in graph order (reference)"
+        ),
+        "verify_passes": Option(
+            False, boolean, "lint the graph and re-check node metadata after every pass"
+        ),
+        "strict_max_autotune": Option(
+            False,
+            boolean,
+            "max-autotune: a segment Inductor cannot compile is an error (default: it runs as "
+            "aten code, logged once)",
+        ),
+    }
+
+
+class ExperimentalConfig(OptionGroup):
+    """``experimental_config``: switches for the built-in passes and AOTAutograd."""
+
+    _PATH = "experimental_config"
+    _OPTIONS = {
+        "remove_noop_ops": Option(
+            True, boolean, "built-in pass: drop view ops that return their input unchanged"
+        ),
+        "enable_view_optimize": Option(
+            False, boolean, "built-in pass: rewrite view/_unsafe_view as reshape"
+        ),
+        "eliminate_dead_code": Option(True, boolean, "built-in pass: dead-code elimination"),
+        "cse": Option(True, boolean, "built-in pass: common-subexpression elimination"),
+        "keep_inference_input_mutations": Option(
+            True, boolean, "keep input mutations (copy_) inside inference graphs"
+        ),
+        "min_segment_ops": Option(
+            2,
+            positive_int,
+            "max-autotune: shortest run of fusible ops compiled by Inductor (shorter runs stay "
+            "aten calls: one op alone gains no fusion)",
+        ),
+    }
+
+
+class GeConfig(OptionGroup):
+    """``ge_config``: TorchAir's graph-engine options that have a meaning off the NPU."""
+
+    _PATH = "ge_config"
+    _OPTIONS = {
+        "enable_single_stream": Option(
+            False, boolean, "ignore every stream label and run all nodes on the main stream"
+        ),
+    }
+
+
+class StreamConfig(OptionGroup):
+    """``stream_config``: how stream workers run."""
+
+    _PATH = "stream_config"
+    _OPTIONS = {
+        "threads_per_stream": Option(1, positive_int, "CPU intra-op threads in each stream worker"),
+    }
+
+
+class CompilerConfig(OptionGroup):
+    """All of airstream's options.
+
+    Example::
+
+        config = airstream.CompilerConfig()
+        config.post_grad_custom_pre_pass = my_pass
+        config.debug.run_eagerly = True
+        config.set_option("ge_config.enable_single_stream", True)
+    """
+
+    _OPTIONS = {
+        "mode": Option(
+            "reduce-overhead",
+            choice("reduce-overhead", "max-autotune"),
+            "reduce-overhead: generated aten code; max-autotune: Inductor segments per stream",
+        ),
+        "post_grad_custom_pre_pass": Option(None, pass_slot, "pass(es) run before built-ins"),
+        "post_grad_custom_post_pass": Option(None, pass_slot, "pass(es) run after built-ins"),
+    }
+    _GROUPS = {
+        "debug": DebugConfig,
+        "experimental_config": ExperimentalConfig,
+        "ge_config": GeConfig,
+        "stream_config": StreamConfig,
+    }
 
     def copy(self) -> CompilerConfig:
         """An independent copy with the same values."""
