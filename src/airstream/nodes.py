@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch.fx
 
-from airstream.torch_internals import OpOverload, collective_op_name, op_name, stack_trace
+from airstream.torch_internals import OpOverload, op_name, stack_trace
 
 if TYPE_CHECKING:  # types only: the fuser (schedule/fuse.py) sits above this module
     from airstream.schedule.fuse import CompiledSegment
@@ -16,8 +16,6 @@ __all__ = [
     "SEGMENT_KEY",
     "segment_of",
     "describe",
-    "is_collective",
-    "is_collective_wait",
     "source_line",
     "target_name",
 ]
@@ -29,21 +27,6 @@ SEGMENT_KEY = "air_segment"  # node.meta key of a fused max-autotune node: its C
 def segment_of(node: torch.fx.Node) -> CompiledSegment | None:
     """The CompiledSegment a fused max-autotune node runs, or None for any other node."""
     return node.meta.get(SEGMENT_KEY)
-
-
-def _collective_op(node: torch.fx.Node) -> str | None:
-    return collective_op_name(node.target) if node.op == "call_function" else None
-
-
-def is_collective(node: torch.fx.Node) -> bool:
-    """A functional collective that starts communication (all_reduce, ...; not its wait)."""
-    name = _collective_op(node)
-    return name is not None and name != "wait_tensor"
-
-
-def is_collective_wait(node: torch.fx.Node) -> bool:
-    """The ``wait_tensor`` that completes a functional collective."""
-    return _collective_op(node) == "wait_tensor"
 
 
 _FRAME = re.compile(

@@ -19,8 +19,8 @@ from typing import Any
 import torch.fx
 
 from airstream.config import CompilerConfig
+from airstream.effects import effects
 from airstream.errors import PassError, StreamError
-from airstream.nodes import is_collective
 from airstream.passes.builtin import BUILTIN_PASSES
 from airstream.passes.meta import check_meta, fill_meta
 from airstream.passes.regions import air_layout
@@ -182,7 +182,7 @@ class PassManager:
 
 def _collective_order(graph: torch.fx.Graph) -> list[str]:
     """The collectives of ``graph`` by name, in graph order (their issue order)."""
-    return [node.name for node in graph.nodes if is_collective(node)]
+    return [node.name for node in graph.nodes if effects(node).collective]
 
 
 def _check_collective_order(spec: PassSpec, kind: str, before: list[str], after: list[str]) -> None:
