@@ -111,7 +111,7 @@ def test_get_backend_rejects_non_config() -> None:
 
 
 def test_option_table_builds_nested_and_open_groups() -> None:
-    from airstream.config import Option, OptionGroup, boolean
+    from airstream.options import Option, OptionGroup, boolean
 
     class Table(OptionGroup, table={"a.b": Option(False, boolean), "a.c.*": Option(0)}):
         _NOUN = "table option"

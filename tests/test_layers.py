@@ -15,7 +15,16 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     (
         "base",
         frozenset(
-            {"errors", "torch_internals", "config", "ops", "effects", "nodes", "decompositions"}
+            {
+                "errors",
+                "torch_internals",
+                "options",
+                "config",
+                "ops",
+                "effects",
+                "nodes",
+                "decompositions",
+            }
         ),
     ),
     ("passes", frozenset({"passes"})),

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from airstream.config import (
+from airstream.config import CompilerConfig as AirConfig
+from airstream.options import (
     Check,
     Invalid,
     Option,
@@ -25,7 +26,6 @@ from airstream.config import (
     directory,
     pass_slot,
 )
-from airstream.config import CompilerConfig as AirConfig
 
 __all__ = ["CompilerConfig"]
 
