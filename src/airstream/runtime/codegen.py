@@ -274,8 +274,9 @@ def generate(
 
 def inputs_read(
     gm: torch.fx.GraphModule, steps: Sequence[tuple[Label, Step]], returns: bool
-) -> list[torch.fx.Node]:
-    """The placeholders ``steps`` (and, with ``returns``, the graph's outputs) read, in order."""
+) -> dict[torch.fx.Node, int]:
+    """The placeholders ``steps`` (and, with ``returns``, the graph's outputs) read, in graph
+    order, each with its position in the graph's argument list."""
     read: set[torch.fx.Node] = set()
     for _, step in steps:
         if isinstance(step, Run):
@@ -283,7 +284,8 @@ def inputs_read(
     if returns:
         output = next(iter(gm.graph.find_nodes(op="output")))
         read.update(output.all_input_nodes)
-    return [n for n in gm.graph.find_nodes(op="placeholder") if n in read]
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    return {n: i for i, n in enumerate(placeholders) if n in read}
 
 
 class LazyTraced:

@@ -119,10 +119,6 @@ def _take(slots: list[Any], index: int) -> Any:
     return value
 
 
-def _ident(text: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in text)
-
-
 class _Handover:
     """Which values cross streams: a slot per (value, reading stream)."""
 
@@ -194,12 +190,11 @@ class _Stream:
         self, gm: torch.fx.GraphModule, program: StreamSteps, handover: _Handover, main: bool
     ) -> None:
         self.label = program.label
-        index = {n: i for i, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
         steps = [(program.label, step) for step in program.steps]
         reads = inputs_read(gm, steps, returns=main)
-        self.pick = _picker([index[n] for n in reads])
+        self.pick = _picker(list(reads.values()))
         own = {n: i for i, n in enumerate(reads)}
-        name = f"AirstreamStream_{_ident('main' if main else str(program.label))}"
+        name = f"AirstreamStream_{'main' if main else program.label}"  # generate() sanitizes
 
         def build(traced: bool) -> GeneratedCode:
             return generate(

@@ -130,8 +130,7 @@ class CudaExecutor:
         self.device = device
         self._fork_event = max((s.event for s in plan.syncs), default=-1) + 1
         self._num_events = self._fork_event + 1
-        index = {n: i for i, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
-        inputs = {n: index[n] for n in inputs_read(gm, plan.sequence, returns=True)}
+        inputs = inputs_read(gm, plan.sequence, returns=True)
 
         def build(traced: bool) -> GeneratedCode:
             return generate(

@@ -38,8 +38,7 @@ class SerialExecutor:
 
     def _generate(self, traced: bool) -> GeneratedCode:
         steps = self.plan.sequence
-        index = {n: i for i, n in enumerate(self._gm.graph.find_nodes(op="placeholder"))}
-        inputs = {n: index[n] for n in inputs_read(self._gm, steps, returns=True)}
+        inputs = inputs_read(self._gm, steps, returns=True)
         return generate(
             self._gm,
             steps,
