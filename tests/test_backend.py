@@ -234,3 +234,37 @@ def test_single_stream_ignores_labels() -> None:
     assert_same(compiled(x), Model()(x))
     streams = graph_of(backend, "inference").streams
     assert set(streams.stream_of.values()) == {None} and streams.streams == (None,)
+
+
+def test_observers_receive_compile_events_and_bad_ones_are_named() -> None:
+    from airstream.observers import CompileObserver
+
+    events: list[str] = []
+
+    class Recorder(CompileObserver):
+        def graph_traced(self, gm: torch.fx.GraphModule) -> None:
+            events.append("traced")
+
+        def stage_done(self, stage: str, gm: torch.fx.GraphModule, graph_kind: str) -> None:
+            events.append(f"{graph_kind}:{stage}")
+
+        def plan_built(self, graph_kind: str, gm: Any, streams: Any, plan: Any, code: str) -> None:
+            assert "def forward" in code
+            events.append(f"{graph_kind}:plan")
+
+        def graph_compiled(self, compiled: Any) -> None:
+            events.append(f"{compiled.kind}:compiled")
+
+    backend = airstream.get_backend(_guide_config(), observers=[Recorder()])
+    compiled = torch.compile(Model(), backend=backend)
+    x = torch.randn(3, 3)
+    assert_same(compiled(x), Model()(x))
+    assert events == [
+        "traced",
+        "inference:post_grad_custom_pre_pass",
+        "inference:builtin",  # no post pass configured: that stage does not run
+        "inference:plan",
+        "inference:compiled",
+    ]
+    with pytest.raises(TypeError, match=r"observers\[0\] must be an airstream.observers"):
+        airstream.get_backend(observers=[print])  # type: ignore[list-item]

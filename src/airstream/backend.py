@@ -202,6 +202,12 @@ class AirstreamBackend:
         self.decompositions = decomposition_table(decompositions)
         self.graphs: list[CompiledGraph] = []
         self.dumpers: list[GraphDumper] = []
+        for i, observer in enumerate(observers):
+            if not isinstance(observer, CompileObserver):
+                raise TypeError(
+                    f"observers[{i}] must be an airstream.observers.CompileObserver (subclass it "
+                    f"and override the events you need), got {type(observer).__name__}"
+                )
         self.observers = tuple(observers)
         self._lock = threading.Lock()
 
