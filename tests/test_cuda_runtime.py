@@ -50,6 +50,21 @@ def test_generated_code_forks_switches_syncs_and_joins() -> None:
     assert "_record" in lines[order[0]], "the record is issued before the wait"
 
 
+def test_a_stream_that_runs_nothing_is_neither_forked_nor_waited_on() -> None:
+    """Forked and never joined, such a stream would make a CUDA graph capture fail."""
+
+    def marks_only(x: torch.Tensor) -> torch.Tensor:
+        air.scope_enter([LABEL], ["idle"])
+        token = air.record()  # nothing runs on "idle": the token is a position
+        air.scope_exit()
+        air.wait([token])
+        return x.sin()
+
+    executor, _ = _executor(marks_only, torch.randn(4))
+    assert "_fork" not in executor.code and "_wait(" not in executor.code
+    assert executor._sides_used == [] and "sin" in executor.code
+
+
 class _Stand:
     """Stand-in for torch.cuda.Stream / Event that logs what is issued."""
 

@@ -209,3 +209,21 @@ def test_checkers_catch_a_missing_wait_and_a_deadlock() -> None:
     )
     with pytest.raises(AssertionError, match="deadlocks"):
         simulate(no_record)
+
+
+def test_a_long_chain_of_views_plans_without_recursion() -> None:
+    """Storage lookups are iterative: thousands of chained views of one input are fine."""
+    from airstream.schedule.deps import requirements
+
+    aten = torch.ops.aten
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    view = x
+    for _ in range(3000):
+        view = graph.call_function(aten.slice.Tensor, (view, 0, 0, 4))
+    write = graph.call_function(aten.add_.Tensor, (view, 1))
+    read = graph.call_function(aten.add.Tensor, (x, 1))
+    graph.output((write, read))
+    reqs = requirements(graph)
+    # the read of x follows the write through 3000 views of it: one storage
+    assert any(r.before is write and r.reason == "mutation" for r in reqs[read])

@@ -124,14 +124,19 @@ def effects(node: torch.fx.Node) -> Effects:
         inputs = _nodes_in(_arg_value(node, i, arg.name))
         if info.is_write:
             writes += inputs
-        if returned_sets & set(info.before_set) or not returned_sets:
+        # the result aliases it: the same alias set, or a list of views of it (``a -> *``)
+        if returned_sets & set(info.before_set) or "*" in info.after_set or not returned_sets:
             aliases += inputs
     view = bool(returned) and not writes
+    if not returned:
+        aliases = []
     collective = collective_op_name(target)
+    if collective == "wait_tensor":  # returns the tensor the collective wrote (no annotation)
+        aliases = _nodes_in(node.args[0])
     return Effects(
         random=torch.Tag.nondeterministic_seeded in target.tags,
         writes=tuple(dict.fromkeys(writes)),
-        aliases=tuple(dict.fromkeys(aliases)) if returned else (),
+        aliases=tuple(dict.fromkeys(aliases)),
         view=view,
         collective=collective is not None and collective != "wait_tensor",
         collective_wait=collective == "wait_tensor",
@@ -181,7 +186,7 @@ def fusible(node: torch.fx.Node, inside: set[torch.fx.Node] | frozenset[torch.fx
         return isinstance(source, torch.fx.Node) and source in inside
     if not isinstance(target, OpOverload) or target.namespace not in _FUSIBLE_NAMESPACES:
         return False
-    if EFFECTS_KEY in node.meta or not _is_tensor_value(node.meta.get("val")):
+    if not _is_tensor_value(node.meta.get("val")):
         return False
     found = effects(node)
     if found.random or found.collective or found.collective_wait:

@@ -52,14 +52,11 @@ class CompileObserver(PassObserver):
 class Observers(CompileObserver):
     """Several observers as one, called in order."""
 
-    def __init__(self, observers: Sequence[PassObserver]) -> None:
+    def __init__(self, observers: Sequence[CompileObserver]) -> None:
         self.observers = tuple(observers)
 
-    def _compile(self) -> list[CompileObserver]:
-        return [o for o in self.observers if isinstance(o, CompileObserver)]
-
     def graph_traced(self, gm: torch.fx.GraphModule) -> None:
-        for o in self._compile():
+        for o in self.observers:
             o.graph_traced(gm)
 
     def started(self, gm: torch.fx.GraphModule, graph_kind: str) -> None:
@@ -86,9 +83,9 @@ class Observers(CompileObserver):
         plan: StreamPlan,
         code: str,
     ) -> None:
-        for o in self._compile():
+        for o in self.observers:
             o.plan_built(graph_kind, gm, streams, plan, code)
 
     def graph_compiled(self, compiled: CompiledGraph) -> None:
-        for o in self._compile():
+        for o in self.observers:
             o.graph_compiled(compiled)

@@ -175,10 +175,6 @@ def _ident(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text)
 
 
-def _nodes(arg: Any) -> list[torch.fx.Node]:
-    return [arg] if isinstance(arg, torch.fx.Node) else []
-
-
 def _reads_token(node: torch.fx.Node) -> bool:
     """A record token some node reads as data (not only as ordering)."""
     return any(node in data_inputs(user) for user in node.users)
@@ -240,15 +236,15 @@ def generate(
     for on, step in steps:
         if isinstance(step, Run):
             node = step.node
-            if current[0] != on:
-                hooks.switch(b, on)
-                current[0] = on
             if node.target is wait_tensor:
-                (waited,) = _nodes(node.args[0])
+                (waited,) = data_inputs(node)
                 env[node] = value(waited, on)  # identity: only the ordering mattered
             elif node.target is record and not _reads_token(node):
                 continue  # an event position: nothing to compute
             else:
+                if current[0] != on:  # switch streams only to issue an op
+                    hooks.switch(b, on)
+                    current[0] = on
 
                 def read(n: torch.fx.Node, on: Label = on) -> torch.fx.Node:
                     return value(n, on)

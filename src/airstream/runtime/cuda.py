@@ -88,8 +88,8 @@ class _IssueHooks(Hooks):
 
     params = ("streams", "events", "tracking")
 
-    def __init__(self, plan: StreamPlan, fork_event: int) -> None:
-        self.index_of = {s.label: i for i, s in enumerate(plan.streams)}  # main (None) first
+    def __init__(self, labels: Sequence[Label], plan: StreamPlan, fork_event: int) -> None:
+        self.index_of = {label: i for i, label in enumerate(labels)}  # main (None) first
         self.producer = plan.stream_of()
         self.fork_event = fork_event
         self.current: Label = None
@@ -130,14 +130,19 @@ class CudaExecutor:
         self.device = device
         self._fork_event = max((s.event for s in plan.syncs), default=-1) + 1
         self._num_events = self._fork_event + 1
-        inputs = inputs_read(gm, plan.sequence, returns=True)
+        # Streams that run nothing are left out: forked but never joined, they would make a
+        # CUDA graph capture fail, and a wait on them orders nothing.
+        self._sides_used = [s.label for s in plan.side_streams if s.runs]
+        labels = [None, *self._sides_used]
+        steps = [(label, step) for label, step in plan.sequence if label in labels]
+        inputs = inputs_read(gm, steps, returns=True)
 
         def build(traced: bool) -> GeneratedCode:
             return generate(
                 gm,
-                plan.sequence,
+                steps,
                 inputs=inputs,
-                hooks=_IssueHooks(plan, self._fork_event),
+                hooks=_IssueHooks(labels, plan, self._fork_event),
                 returns=True,
                 traced=traced,
                 name="AirstreamCuda",
@@ -157,8 +162,8 @@ class CudaExecutor:
     def _side_streams(self) -> list[Any]:
         if self._sides is None:
             self._sides = [
-                stream_for(self.device, str(s.label), self.plan.priorities.get(str(s.label), 0))
-                for s in self.plan.side_streams
+                stream_for(self.device, str(label), self.plan.priorities.get(str(label), 0))
+                for label in self._sides_used
             ]
         return self._sides
 
@@ -263,6 +268,7 @@ class CudaGraphExecutor:
         self.captures = 0  # how many times a graph was captured (recaptures included)
         self._graph: Any = None
         self._inputs: list[Any] = []  # per input: the static tensor itself, or our buffer
+        self._copies: list[tuple[int, torch.Tensor]] = []  # (input index, buffer) to refresh
         self._addresses: dict[int, int] = {}  # static input index -> data_ptr at capture
         self._static_outputs: Any = None
         self._lock = threading.Lock()
@@ -284,6 +290,11 @@ class CudaGraphExecutor:
         with self.api.capture(graph):
             outputs = self.inner.run(list(inputs), tracking=False)
         self._graph, self._inputs, self._static_outputs = graph, inputs, outputs
+        self._copies = [
+            (i, buffer)
+            for i, buffer in enumerate(inputs)
+            if i not in self.static and isinstance(buffer, torch.Tensor)
+        ]
         self._addresses = {
             i: a.data_ptr()
             for i, a in enumerate(args)
@@ -310,9 +321,8 @@ class CudaGraphExecutor:
                     )
                     self.blockers = [f"capture failed: {exc}"]
                     return self.inner(args)
-            for i, (buffer, arg) in enumerate(zip(self._inputs, args, strict=True)):
-                if i not in self.static and isinstance(buffer, torch.Tensor):
-                    buffer.copy_(arg)
+            for i, buffer in self._copies:  # the inputs that change; weights are read in place
+                buffer.copy_(args[i])
             args.clear()
             self._graph.replay()
             return tuple(

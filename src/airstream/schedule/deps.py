@@ -1,6 +1,6 @@
 """Ordering requirements of a graph beyond program order: which earlier nodes each node needs.
 
-Five sources (docs/design.md, "Ordering rules"): data edges, control edges (``wait``,
+Five sources (docs/design.md section 3, "Stream semantics"): data edges, control edges (``wait``,
 ``wait_tensor``), mutation (a write runs after every earlier reader and writer of the same
 storage, and a read after the last earlier write), RNG (ops drawing from the global generator
 keep graph order) and collectives (``torch.distributed`` functional collectives are issued in
@@ -18,7 +18,7 @@ import torch.fx
 from airstream.effects import effects, is_executed
 from airstream.ops.library import record, wait, wait_tensor
 
-__all__ = ["Requirement", "is_executed", "requirements"]
+__all__ = ["Requirement", "requirements"]
 
 
 @dataclass(frozen=True)
@@ -37,17 +37,27 @@ class _Storages:
         self.parent: dict[torch.fx.Node, torch.fx.Node] = {}
 
     def find(self, node: torch.fx.Node) -> torch.fx.Node:
-        parent = self.parent.setdefault(node, node)
-        if parent is not node:
-            parent = self.parent[node] = self.find(parent)
-        return parent
+        """The storage ``node`` belongs to (its root); iterative, with path compression."""
+        root = node
+        while (parent := self.parent.get(root, root)) is not root:
+            root = parent
+        while node is not root:
+            following = self.parent[node]
+            self.parent[node] = root
+            node = following
+        return root
 
-    def join(self, node: torch.fx.Node, sources: tuple[torch.fx.Node, ...]) -> None:
-        root = self.find(node)
-        for source in sources:
-            other = self.find(source)
-            if other is not root:
-                self.parent[other] = root
+    def join(
+        self, node: torch.fx.Node, sources: tuple[torch.fx.Node, ...]
+    ) -> tuple[torch.fx.Node, list[torch.fx.Node]]:
+        """Put ``node`` (new) into its sources' storage, merging theirs if they differ; return
+        the storage and the roots merged into it."""
+        roots = list(dict.fromkeys(self.find(s) for s in sources))
+        root = roots[0]
+        self.parent[node] = root
+        for other in roots[1:]:
+            self.parent[other] = root
+        return root, roots[1:]
 
 
 def requirements(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[Requirement]]:
@@ -64,13 +74,8 @@ def requirements(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[Requirement]
     last_collective: torch.fx.Node | None = None
     out: dict[torch.fx.Node, list[Requirement]] = {}
 
-    def storage(n: torch.fx.Node) -> torch.fx.Node:
-        return storages.find(n)
-
     def rebase(old: torch.fx.Node, new: torch.fx.Node) -> None:
         # Two storages merged: what was known about the old root now belongs to the new one.
-        if old is new:
-            return
         last_write.setdefault(new, []).extend(last_write.pop(old, []))
         reads_since_write.setdefault(new, []).extend(reads_since_write.pop(old, []))
 
@@ -91,14 +96,12 @@ def requirements(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[Requirement]
             reqs.append(Requirement(arg, kind))
         found = effects(node)
         if found.aliases:
-            before = {storage(a) for a in found.aliases}
-            storages.join(node, found.aliases)
-            root = storage(node)
-            for old in before:
+            root, merged = storages.join(node, found.aliases)
+            for old in merged:
                 rebase(old, root)
-        written = {storage(w) for w in found.writes}
+        written = {storages.find(w) for w in found.writes}
         for arg in node.all_input_nodes:
-            base = storage(arg)
+            base = storages.find(arg)
             reqs += [Requirement(w, "mutation") for w in last_write.get(base, ()) if w is not node]
         for base in written:
             reqs += [Requirement(r, "mutation") for r in reads_since_write.get(base, [])]
@@ -106,7 +109,7 @@ def requirements(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[Requirement]
             last_write[base] = [node]
             reads_since_write[base] = []
         for arg in node.all_input_nodes:
-            base = storage(arg)
+            base = storages.find(arg)
             if base not in written:
                 reads_since_write.setdefault(base, []).append(node)
         if found.random:

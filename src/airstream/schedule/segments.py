@@ -37,7 +37,9 @@ class Segment:
     @property
     def ops(self) -> int:
         """Operators in the segment (tuple indexing not counted)."""
-        return len(self.nodes)
+        if not self.members:
+            return len(self.nodes)
+        return sum(1 for node in self.members if node.target is not operator.getitem)
 
 
 def _label_name(label: Label) -> str:
@@ -49,14 +51,16 @@ def _runs(program: StreamSteps) -> list[list[torch.fx.Node]]:
     """The maximal fusible runs of one stream's program."""
     runs: list[list[torch.fx.Node]] = []
     current: list[torch.fx.Node] = []
+    inside: set[torch.fx.Node] = set()
     for step in program.steps:
         node = step.node if isinstance(step, Run) else None
-        if node is not None and fusible(node, frozenset(current)):
+        if node is not None and fusible(node, inside):
             current.append(node)
+            inside.add(node)
             continue
         if current:  # a record, a wait or an unfusible op ends the run
             runs.append(current)
-        current = []
+        current, inside = [], set()
     if current:
         runs.append(current)
     return runs
@@ -71,10 +75,9 @@ def find_segments(plan: StreamPlan, min_ops: int = 2) -> list[Segment]:
     for program in plan.streams:
         index = 0
         for run in _runs(program):
-            ops = sum(1 for node in run if node.target is not operator.getitem)
-            if ops >= min_ops:
-                name = f"segment_{_label_name(program.label)}_{index}"
-                names = tuple(n.name for n in run)
-                segments.append(Segment(name, program.label, names, tuple(run)))
+            name = f"segment_{_label_name(program.label)}_{index}"
+            segment = Segment(name, program.label, tuple(n.name for n in run), tuple(run))
+            if segment.ops >= min_ops:
+                segments.append(segment)
                 index += 1
     return segments

@@ -1,0 +1,69 @@
+"""airstream.effects: what each op does besides computing its result."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from airstream import torch_internals
+from airstream.effects import data_inputs, effects, fusible, is_executed, summarize
+
+aten = torch.ops.aten
+air = torch.ops.air
+
+
+def _graph() -> tuple[torch.fx.Graph, torch.fx.Node, torch.fx.Node]:
+    graph = torch.fx.Graph()
+    return graph, graph.placeholder("x"), graph.placeholder("y")
+
+
+def test_pure_views_writes_and_randomness() -> None:
+    graph, x, y = _graph()
+    mm = graph.call_function(aten.mm.default, (x, y))
+    view = graph.call_function(aten.view.default, (x, [4]))
+    add_ = graph.call_function(aten.add_.Tensor, (x, y))
+    copy_ = graph.call_function(aten.copy_.default, (x, mm))
+    rand = graph.call_function(aten.rand.default, ([2],))
+    split = graph.call_function(aten.split.Tensor, (x, 1))
+    assert effects(mm).pure and effects(mm).aliases == ()
+    assert effects(view).view and effects(view).aliases == (x,) and effects(view).pure
+    assert effects(add_).writes == (x,) and effects(add_).aliases == (x,) and not effects(add_).view
+    assert effects(copy_).writes == (x,) and effects(copy_).ordered
+    assert effects(rand).random and effects(rand).ordered and not effects(rand).pure
+    assert effects(split).aliases == (x,), "a list of views aliases its input (a -> *)"
+    assert effects(x).pure and effects(graph.output(mm)).pure
+
+
+def test_air_ops_collectives_and_what_executors_read() -> None:
+    graph, x, y = _graph()
+    token = graph.call_function(air.record.default, ())
+    waited = graph.call_function(air.wait_tensor.default, (x, y))
+    wait = graph.call_function(air.wait.default, ([token],))
+    assert effects(waited).air and effects(waited).aliases == (x,)
+    assert data_inputs(waited) == [x], "the dependency orders work but is never read"
+    assert data_inputs(wait) == [] and not is_executed(wait)
+    assert not is_executed(token), "a token only waits read is a position, not work"
+    reduce = graph.call_function(torch_internals.collective_op("all_reduce"), (x, "sum", "0"))
+    done = graph.call_function(torch_internals.collective_op("wait_tensor"), (reduce,))
+    reduce.meta["val"] = torch.empty(2)
+    assert effects(reduce).collective and effects(reduce).ordered
+    assert effects(done).collective_wait and effects(done).aliases == (reduce,)
+    assert not fusible(reduce, set())
+
+
+def test_fusible_and_a_segments_summary() -> None:
+    graph, x, y = _graph()
+    for node, val in ((x, torch.empty(2)), (y, torch.empty(2))):
+        node.meta["val"] = val
+    t = graph.call_function(aten.t.default, (x,))
+    add = graph.call_function(aten.add.Tensor, (t, y))
+    copy_ = graph.call_function(aten.copy_.default, (x, add))
+    rand = graph.call_function(aten.rand.default, ([2],))
+    for node in (t, add, copy_, rand):
+        node.meta["val"] = torch.empty(2)
+    assert fusible(t, set()) and fusible(add, {t}) and fusible(copy_, {t, add})
+    assert not fusible(rand, set()), "random ops keep eager's generator order"
+    summary = summarize([t, add, copy_], [t, add])
+    assert summary.writes == (x,), "the write-back into the graph input is visible outside"
+    assert summary.aliases == (x,), "output t is a view of input x"
+    assert summarize([add], [add]).aliases == ()
