@@ -12,8 +12,9 @@ from a global generator); *writes* are the arguments its schema marks ``(a!)``; 
 *aliases* the argument whose schema alias set it returns (views, in-place ops), and ``getitem``
 and ``air::wait_tensor`` alias their first argument; a *collective* is a
 ``torch.distributed`` functional collective that starts communication (its ``wait_tensor``
-completes one). A Python callable FX calls (not an op) has no declared effects and is treated as
-pure, as FX itself does.
+completes one). It *syncs with the host* when tagged ``data_dependent_output`` or
+``dynamic_output_shape``. A Python callable FX calls (not an op) has no declared effects and is
+treated as pure, as FX itself does.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ class Effects:
         collective: starts a ``torch.distributed`` functional collective.
         collective_wait: completes a functional collective (``_c10d_functional.wait_tensor``).
         air: one of the ``air`` stream ops.
+        host_sync: reads device data back to the host (``.item()``, ``nonzero``'s count, any op
+            whose output or output shape depends on tensor values): it waits for the device,
+            and cannot be captured into a CUDA graph.
     """
 
     random: bool = False
@@ -65,6 +69,7 @@ class Effects:
     collective: bool = False
     collective_wait: bool = False
     air: bool = False
+    host_sync: bool = False
 
     @property
     def mutates(self) -> bool:
@@ -133,13 +138,15 @@ def effects(node: torch.fx.Node) -> Effects:
     collective = collective_op_name(target)
     if collective == "wait_tensor":  # returns the tensor the collective wrote (no annotation)
         aliases = _nodes_in(node.args[0])
+    tags = target.tags
     return Effects(
-        random=torch.Tag.nondeterministic_seeded in target.tags,
+        random=torch.Tag.nondeterministic_seeded in tags,
         writes=tuple(dict.fromkeys(writes)),
         aliases=tuple(dict.fromkeys(aliases)),
         view=view,
         collective=collective is not None and collective != "wait_tensor",
         collective_wait=collective == "wait_tensor",
+        host_sync=torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags,
     )
 
 
@@ -204,13 +211,16 @@ def fusible(node: torch.fx.Node, inside: set[torch.fx.Node] | frozenset[torch.fx
 def summarize(members: Iterable[torch.fx.Node], outputs: Iterable[torch.fx.Node]) -> Effects:
     """The effects of running ``members`` (fusible nodes, in order) as one step returning
     ``outputs``, seen from outside: the outside inputs they write, and the outside inputs an
-    output may alias (followed through views and tuple indexing inside)."""
+    output may alias (followed through views and tuple indexing inside), and whether any member
+    reads device data back to the host."""
     inside = list(members)
     member_set = set(inside)
     writes: dict[torch.fx.Node, None] = {}
     roots: dict[torch.fx.Node, tuple[torch.fx.Node, ...]] = {}
+    host_sync = False
     for node in inside:
         found = effects(node)
+        host_sync = host_sync or found.host_sync
         writes.update((w, None) for w in found.writes if w not in member_set)
         reached: dict[torch.fx.Node, None] = {}
         for source in found.aliases:
@@ -222,4 +232,4 @@ def summarize(members: Iterable[torch.fx.Node], outputs: Iterable[torch.fx.Node]
     aliases: dict[torch.fx.Node, None] = {}
     for out in outputs:
         aliases.update(dict.fromkeys(roots.get(out, ())))
-    return Effects(writes=tuple(writes), aliases=tuple(aliases))
+    return Effects(writes=tuple(writes), aliases=tuple(aliases), host_sync=host_sync)

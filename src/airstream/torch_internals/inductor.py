@@ -27,7 +27,8 @@ from airstream.torch_internals.registry import (
 @_feature(
     "inductor_compile",
     "torch._inductor.compile_fx.compile_fx_inner(is_inference, is_backward), "
-    "torch._inductor.config.cpp.threads, torch._guards.TracingContext/tracing and the compiled "
+    "torch._inductor.config.cpp.threads and .triton.cudagraphs, "
+    "torch._guards.TracingContext/tracing and the compiled "
     "graph's source_code",
     "max-autotune",
     'compiling each segment with Inductor in mode="max-autotune"',
@@ -38,6 +39,8 @@ def _probe_inductor_compile() -> tuple[Callable[..., Any], Any, Any, Any]:
     config = _attr("torch._inductor:config")
     if not isinstance(config.cpp.threads, int):
         raise AttributeError("torch._inductor.config.cpp.threads is not an int option")
+    if not isinstance(config.triton.cudagraphs, bool):
+        raise AttributeError("torch._inductor.config.triton.cudagraphs is not a bool option")
     context, tracing = _attr("torch._guards:TracingContext"), _attr("torch._guards:tracing")
     output_code = _attr("torch._inductor.output_code:CompiledFxGraph")
     if "source_code" not in getattr(output_code, "__dataclass_fields__", {}):
@@ -87,7 +90,11 @@ def _probe_fxgraph_cache_counter() -> Any:
 @contextlib.contextmanager
 def _inductor_context(fake_mode: Any, threads: int) -> Iterator[None]:
     _, config, context, tracing = _get("inductor_compile")
-    patches = {"cpp.threads": threads} if threads > 0 else {}
+    # A segment is one step of airstream's plan: Inductor must not wrap it in a CUDA graph of its
+    # own (torch.compile(mode="reduce-overhead") or a user's config turns that on globally).
+    patches: dict[str, Any] = {"triton.cudagraphs": False}
+    if threads > 0:
+        patches["cpp.threads"] = threads
     with tracing(context(fake_mode)), config.patch(patches):
         yield
 

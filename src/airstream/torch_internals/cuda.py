@@ -1,0 +1,72 @@
+"""Private torch CUDA APIs behind ``mode="reduce-overhead"``: undoing a failed graph capture's
+allocator state, cuBLAS workspaces around a capture, and the test suite's GPU delay kernel."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from airstream.torch_internals.registry import _attr, _feature, _get
+
+
+@_feature(
+    "capture_pool_cleanup",
+    "torch._C._cuda_endAllocateToPool(device, pool) and torch._C._cuda_releasePool(device, pool)",
+    "cuda-graphs",
+    "leaving the caching allocator as it was when a CUDA graph capture fails (torch's own "
+    "capture_end skips this when the capture was invalidated)",
+)
+def _probe_capture_pool_cleanup() -> tuple[Callable[..., None], Callable[..., None]]:
+    return _attr("torch._C:_cuda_endAllocateToPool"), _attr("torch._C:_cuda_releasePool")
+
+
+def end_allocate_to_pool(device: int, pool: Any) -> None:
+    """Tell the caching allocator that no capture allocates into ``pool`` on ``device`` any more
+    (raises if none did)."""
+    _get("capture_pool_cleanup")[0](device, pool)
+
+
+def release_pool(device: int, pool: Any) -> None:
+    """Drop one use of the private memory pool ``pool``; its memory returns once unused."""
+    _get("capture_pool_cleanup")[1](device, pool)
+
+
+def _no_workspaces() -> None:
+    """A torch built without CUDA has no cuBLAS workspaces to clear."""
+
+
+@_feature(
+    "cublas_workspaces",
+    "torch._C._cuda_clearCublasWorkspaces (on builds with CUDA)",
+    "cuda-graphs",
+    "keeping cached cuBLAS workspaces out of captured graphs (as Inductor's cudagraph trees do)",
+)
+def _probe_cublas_workspaces() -> Callable[[], None]:
+    if not torch.backends.cuda.is_built():
+        return _no_workspaces
+    clear: Callable[[], None] = _attr("torch._C:_cuda_clearCublasWorkspaces")
+    return clear
+
+
+def clear_cublas_workspaces() -> None:
+    """Free the cuBLAS workspaces torch keeps per stream, so a capture allocates its own inside
+    the graph's pool instead of baking in one that eager code goes on using."""
+    _get("cublas_workspaces")()
+
+
+@_feature(
+    "cuda_sleep",
+    "torch.cuda._sleep(cycles)",
+    "testing",
+    "the GPU tests' delay kernel, which makes stream races show on every run",
+)
+def _probe_cuda_sleep() -> Callable[[int], None]:
+    sleep: Callable[[int], None] = _attr("torch.cuda:_sleep")
+    return sleep
+
+
+def cuda_sleep(cycles: int) -> None:
+    """Queue a kernel on the current CUDA stream that spins for ``cycles`` GPU clock cycles."""
+    _get("cuda_sleep")(cycles)
