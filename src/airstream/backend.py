@@ -29,7 +29,8 @@ from airstream.ops.library import is_air_op
 from airstream.passes.manager import PassManager, PassResult
 from airstream.runtime.codegen import Executor
 from airstream.runtime.cpu import CpuExecutor
-from airstream.runtime.cuda import CudaExecutor, CudaGraphExecutor
+from airstream.runtime.cuda import CudaExecutor
+from airstream.runtime.cuda_graphs import CudaGraphExecutor
 from airstream.runtime.serial import SerialExecutor
 from airstream.schedule.fuse import CompiledSegment, fuse_streams
 from airstream.schedule.plan import StreamPlan, build_plan

@@ -147,8 +147,8 @@ class GeneratedCode:
     nodes: tuple[torch.fx.Node, ...]
     sources: Mapping[torch.fx.Node, torch.fx.Node]  # generated node -> the graph node it runs
 
-    def locate(self, error: BaseException) -> str:
-        """Name the node of this function that raised ``error``, and its stream."""
+    def failed_node(self, error: BaseException) -> torch.fx.Node | None:
+        """The graph node whose op raised ``error`` in this function, if one did."""
         # FX keeps a map from generated-code line (counted from the prologue) to node index.
         lineno_map = getattr(self.module, "_lineno_map", None) or {}
         prologue = getattr(self.module, "_prologue_start", 0)
@@ -161,7 +161,14 @@ class GeneratedCode:
                 if index is not None and index < len(self.nodes):
                     node = self.sources.get(self.nodes[index], node)
             tb = tb.tb_next
-        stream = "the main stream" if self.label is None else f"stream {self.label!r}"
+        return node
+
+    def locate(self, error: BaseException, stream_of: Mapping[torch.fx.Node, Label] = {}) -> str:
+        """Name the node of this function that raised ``error``, and its stream (this
+        function's, or the node's in ``stream_of`` for a function issuing several)."""
+        node = self.failed_node(error)
+        label = stream_of.get(node, self.label) if node is not None else self.label
+        stream = "the main stream" if label is None else f"stream {label!r}"
         if node is None:
             return stream
         return f"{describe(node)}, on {stream}"

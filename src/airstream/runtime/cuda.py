@@ -1,32 +1,37 @@
-"""CUDA runtime: one ``torch.cuda.Stream`` per label, ``torch.cuda.Event`` per sync, one thread.
+"""CUDA runtime: one CUDA stream per label, events for the plan's syncs, issued from one thread.
 
 The plan's steps are issued from the calling thread in ``plan.sequence`` order (each stream's order,
 every record before its waits) as one FX-generated function. Side streams are forked from the
 caller's current stream (they wait on an event recorded there first) and joined back (the plan's
 join: the caller's stream waits for each side stream's last step). A tensor used on a stream other
 than the one that made it (graph inputs and outputs included) gets ``record_stream`` for the
-consumer, so the caching allocator never hands its memory out while that stream may still read it.
+consumer, so the caching allocator never hands its memory out while that stream may still read it;
+inside a CUDA graph capture too, where the allocator would otherwise give a freed block straight to
+the next allocation on the producer's stream, with nothing in the graph ordering that write after
+the other stream's read.
 
-``CudaGraphExecutor`` (``mode="reduce-overhead"``) captures the whole multi-stream call into a CUDA
-graph on first use (the fork/join shape is what makes multi-stream capture legal) and replays it,
-copying the inputs that change into static buffers (parameters and buffers are captured by
-address) and cloning outputs (a replay is one opaque launch: profiling
-sees no per-op records for it; use ``mode="max-autotune"`` to profile streams). It falls back to
-the plain stream executor for graphs it cannot capture safely: symbolic shapes, mutated inputs,
-random ops, non-CUDA inputs.
+Every call runs under a device guard (the caller's current device is left as it was, and a model
+on ``cuda:1`` issues on ``cuda:1`` whatever the caller's device) and restores the caller's current
+stream. If an op raises, the caller's stream still waits for every side stream before the error
+reaches the caller: what was issued may still read the caller's tensors. A call whose caller's
+stream is capturing (airstream's capture, or the user's own ``torch.cuda.graph``) uses this
+thread's private side streams and fresh events, so no stream another thread uses joins the
+capture. Events are reused across calls (one set per concurrent call): once issued, a wait no
+longer depends on the event's later records.
+
+All CUDA calls go through a :class:`~airstream.runtime.cuda_api.CudaApi`.
 """
 
 from __future__ import annotations
 
-import threading
-import warnings
+import contextlib
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.fx
 
-from airstream.effects import effects
 from airstream.runtime.codegen import (
     Builder,
     GeneratedCode,
@@ -36,29 +41,15 @@ from airstream.runtime.codegen import (
     generate,
     inputs_read,
 )
+from airstream.runtime.cuda_api import CUDA, CudaApi
 from airstream.runtime.trace import CallTrace, tracing_wanted
 from airstream.schedule.plan import StreamPlan
 
-__all__ = ["CudaExecutor", "CudaGraphExecutor", "capture_blockers", "stream_for"]
-
-_streams: dict[tuple[int, str, int], Any] = {}
-_streams_lock = threading.Lock()
+__all__ = ["CudaExecutor"]
 
 
-def stream_for(device: torch.device, label: str, priority: int = 0) -> Any:
-    """The process-wide CUDA stream of ``label`` on ``device`` (same label, same stream)."""
-    key = (device.index or 0, label, priority)
-    stream = _streams.get(key)
-    if stream is None:
-        with _streams_lock:
-            stream = _streams.get(key)
-            if stream is None:
-                stream = _streams[key] = torch.cuda.Stream(device=device, priority=priority)
-    return stream
-
-
-def _use(streams: Sequence[Any], index: int) -> None:
-    torch.cuda.set_stream(streams[index])
+def _use(api: CudaApi, streams: Sequence[Any], index: int) -> None:
+    api.set_stream(streams[index])
 
 
 def _fork(streams: Sequence[Any], events: Sequence[Any], index: int) -> None:
@@ -76,17 +67,16 @@ def _wait(streams: Sequence[Any], index: int, events: Sequence[Any], event: int)
     streams[index].wait_event(events[event])
 
 
-def _keep(value: Any, streams: Sequence[Any], index: int, tracking: bool) -> Any:
-    """Tell the allocator ``value`` is in use on ``streams[index]`` (not needed in capture)."""
-    if tracking and isinstance(value, torch.Tensor) and value.is_cuda:
-        value.record_stream(streams[index])
-    return value
+def _keep(value: Any, api: CudaApi, streams: Sequence[Any], index: int) -> None:
+    """``value`` is about to be used on ``streams[index]``: keep its memory until that stream's
+    use has run."""
+    api.keep(value, streams[index])
 
 
 class _IssueHooks(Hooks):
     """One function issues every stream's steps: stream switches, events, record_stream."""
 
-    params = ("streams", "events", "tracking")
+    params = ("streams", "events", "api")
 
     def __init__(self, labels: Sequence[Label], plan: StreamPlan, fork_event: int) -> None:
         self.index_of = {label: i for i, label in enumerate(labels)}  # main (None) first
@@ -99,12 +89,12 @@ class _IssueHooks(Hooks):
             b.call(_fork, b.params["streams"], b.params["events"], self.fork_event)
 
     def switch(self, b: Builder, label: Label) -> None:
-        b.call(_use, b.params["streams"], self.index_of[label])
+        b.call(_use, b.params["api"], b.params["streams"], self.index_of[label])
         self.current = label
 
     def end(self, b: Builder) -> None:
         if self.current is not None:
-            b.call(_use, b.params["streams"], 0)
+            b.call(_use, b.params["api"], b.params["streams"], 0)
 
     def record(self, b: Builder, label: Label, event: int) -> None:
         b.call(_record, b.params["streams"], self.index_of[label], b.params["events"], event)
@@ -118,21 +108,29 @@ class _IssueHooks(Hooks):
         source = None if node.op == "placeholder" else self.producer.get(node)
         if source != label:  # made on another stream (inputs: on the caller's)
             p = b.params
-            b.call(_keep, value, p["streams"], self.index_of[label], p["tracking"])
+            b.call(_keep, value, p["api"], p["streams"], self.index_of[label])
 
 
 class CudaExecutor:
     """Boxed callable issuing a StreamPlan on CUDA streams from the calling thread."""
 
-    def __init__(self, gm: torch.fx.GraphModule, plan: StreamPlan, device: torch.device) -> None:
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        plan: StreamPlan,
+        device: torch.device,
+        api: CudaApi | None = None,
+    ) -> None:
         self._boxed_call = True
         self.plan = plan
         self.device = device
+        self.api = api if api is not None else CUDA
         self._fork_event = max((s.event for s in plan.syncs), default=-1) + 1
         self._num_events = self._fork_event + 1
         # Streams that run nothing are left out: forked but never joined, they would make a
         # CUDA graph capture fail, and a wait on them orders nothing.
         self._sides_used = [s.label for s in plan.side_streams if s.runs]
+        self._priorities = [plan.priorities.get(str(label), 0) for label in self._sides_used]
         labels = [None, *self._sides_used]
         steps = [(label, step) for label, step in plan.sequence if label in labels]
         inputs = inputs_read(gm, steps, returns=True)
@@ -149,182 +147,70 @@ class CudaExecutor:
             )
 
         generated = build(traced=False)
+        self.generated = generated
         self.module = generated.module
         self._fn = generated.fn
         self._traced = LazyTraced(lambda: build(traced=True).fn)
+        self._stream_of = plan.stream_of()
         self._sides: list[Any] | None = None
+        self._free_events: deque[list[Any]] = deque()  # event sets no call is issuing with
 
     @property
     def code(self) -> str:
         """The generated code that issues every stream's work."""
         return self.module.code
 
-    def _side_streams(self) -> list[Any]:
+    def side_streams(self, capturing: bool) -> list[Any]:
+        """The side streams of a call: the labels' own, or (while the caller's stream captures)
+        this thread's private ones."""
+        api = self.api
+        if capturing:
+            return [
+                api.private_stream(self.device, f"capture side {i + 1}", priority)
+                for i, priority in enumerate(self._priorities)
+            ]
         if self._sides is None:
             self._sides = [
-                stream_for(self.device, str(label), self.plan.priorities.get(str(label), 0))
-                for label in self._sides_used
+                api.label_stream(self.device, str(label), priority)
+                for label, priority in zip(self._sides_used, self._priorities, strict=True)
             ]
         return self._sides
 
-    def run(self, args: list[Any], tracking: bool = True) -> Any:
-        """Issue one call (emptying ``args``); ``tracking=False`` skips record_stream (inside
-        graph capture)."""
-        caller = torch.cuda.current_stream(self.device)
-        streams = [caller, *self._side_streams()]
-        events = [torch.cuda.Event() for _ in range(self._num_events)]
-        trace = CallTrace() if tracking and tracing_wanted() else None
-        try:
-            if trace is None:
-                return self._fn(args, streams, events, tracking)
-            traces = {s.label: trace.stream(s.label) for s in self.plan.streams}
-            return self._traced.get()(args, streams, events, tracking, traces)
-        finally:
-            torch.cuda.set_stream(caller)
-            if trace is not None:
-                trace.finish()
+    def _take_events(self, capturing: bool) -> list[Any]:
+        if not capturing:
+            with contextlib.suppress(IndexError):
+                return self._free_events.pop()
+        return [self.api.new_event() for _ in range(self._num_events)]
 
     def __call__(self, args: list[Any]) -> Any:
-        return self.run(args)
+        """Issue one call (emptying ``args``, the boxed convention)."""
+        api = self.api
+        with api.device(self.device):
+            caller = api.current_stream(self.device)
+            capturing = api.capturing()
+            streams = [caller, *self.side_streams(capturing)]
+            events = self._take_events(capturing)
+            trace = CallTrace() if not capturing and tracing_wanted() else None
+            try:
+                if trace is None:
+                    return self._fn(args, streams, events, api)
+                traces = {s.label: trace.stream(s.label) for s in self.plan.streams}
+                return self._traced.get()(args, streams, events, api, traces)
+            except BaseException as error:
+                _join_after_error(streams)
+                where = self.generated.locate(error, self._stream_of)
+                error.add_note(f"airstream: raised by {where}")
+                raise
+            finally:
+                api.set_stream(caller)
+                if not capturing:
+                    self._free_events.append(events)
+                if trace is not None:
+                    trace.finish()
 
 
-def capture_blockers(gm: torch.fx.GraphModule) -> list[str]:
-    """Why ``gm`` cannot be captured into a CUDA graph (empty if it can)."""
-    reasons = []
-    for node in gm.graph.nodes:
-        val = node.meta.get("val")
-        if node.op == "placeholder":
-            if isinstance(val, torch.SymInt) or (
-                isinstance(val, torch.Tensor)
-                and any(isinstance(d, torch.SymInt) for d in val.shape)
-            ):
-                reasons.append(f"symbolic shape at input {node.name}")
-            elif isinstance(val, torch.Tensor) and val.device.type != "cuda":
-                reasons.append(f"input {node.name} is on {val.device}")
-        elif node.op == "call_function":
-            found = effects(node)
-            if found.mutates:
-                reasons.append(f"{node.name} mutates its input")
-            if found.random:
-                reasons.append(f"{node.name} draws random numbers")
-    return reasons
-
-
-class CudaGraphApi:
-    """The CUDA calls graph capture makes, in one place so tests can stand in for them on CPU."""
-
-    def graph(self) -> Any:
-        """A new, empty graph to capture into."""
-        return torch.cuda.CUDAGraph()
-
-    def capture(self, graph: Any) -> Any:
-        """Context manager: everything issued inside is captured into ``graph``."""
-        return torch.cuda.graph(graph)
-
-    def warmup_stream(self, device: torch.device) -> Any:
-        """Context manager running the warm-up calls on a fresh stream, joined afterwards."""
-        return _WarmupStream(device)
-
-
-class _WarmupStream:
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.stream = torch.cuda.Stream(device=device)
-        self.context: Any = None
-
-    def __enter__(self) -> None:
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        self.context = torch.cuda.stream(self.stream)
-        self.context.__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.context.__exit__(*exc)
-        torch.cuda.current_stream(self.device).wait_stream(self.stream)
-
-
-class CudaGraphExecutor:
-    """Captures a CudaExecutor's call into a CUDA graph on first use, then replays it.
-
-    Parameters and buffers (``static``: their input indices, from AOTAutograd) are captured by
-    address, as torch's cudagraph trees do: a replay reads them where they are, and only the
-    other inputs are copied into the graph's own buffers. If a static input is a different tensor
-    than at capture (a module's weights replaced by new tensors), the graph is captured again.
-    """
-
-    def __init__(
-        self,
-        inner: Any,
-        gm: torch.fx.GraphModule,
-        static: Sequence[int] = (),
-        warmup: int = 2,
-        api: CudaGraphApi | None = None,
-    ) -> None:
-        self._boxed_call = True
-        self.inner = inner
-        self.blockers = capture_blockers(gm)
-        self.static = frozenset(static)
-        self.warmup = warmup
-        self.api = api or CudaGraphApi()
-        self.captures = 0  # how many times a graph was captured (recaptures included)
-        self._graph: Any = None
-        self._inputs: list[Any] = []  # per input: the static tensor itself, or our buffer
-        self._copies: list[tuple[int, torch.Tensor]] = []  # (input index, buffer) to refresh
-        self._addresses: dict[int, int] = {}  # static input index -> data_ptr at capture
-        self._static_outputs: Any = None
-        self._lock = threading.Lock()
-
-    @property
-    def code(self) -> str:
-        """The generated code the graph was captured from."""
-        return str(self.inner.code)
-
-    def _capture(self, args: Sequence[Any]) -> None:
-        inputs = [
-            a.clone() if isinstance(a, torch.Tensor) and i not in self.static else a
-            for i, a in enumerate(args)
-        ]
-        with self.api.warmup_stream(self.inner.device):
-            for _ in range(self.warmup):
-                self.inner.run(list(inputs))
-        graph = self.api.graph()
-        with self.api.capture(graph):
-            outputs = self.inner.run(list(inputs), tracking=False)
-        self._graph, self._inputs, self._static_outputs = graph, inputs, outputs
-        self._copies = [
-            (i, buffer)
-            for i, buffer in enumerate(inputs)
-            if i not in self.static and isinstance(buffer, torch.Tensor)
-        ]
-        self._addresses = {
-            i: a.data_ptr()
-            for i, a in enumerate(args)
-            if i in self.static and isinstance(a, torch.Tensor)
-        }
-        self.captures += 1
-
-    def _moved(self, args: Sequence[Any]) -> bool:
-        """A static input is not the tensor the graph captured."""
-        return any(args[i].data_ptr() != address for i, address in self._addresses.items())
-
-    def __call__(self, args: list[Any]) -> Any:
-        if self.blockers:
-            return self.inner(args)
-        with self._lock:  # one set of buffers: calls replay one at a time
-            if self._graph is None or self._moved(args):
-                try:
-                    self._capture(args)
-                except Exception as exc:  # capture is an optimization: never fail the call
-                    warnings.warn(
-                        f"airstream: CUDA graph capture failed ({type(exc).__name__}: {exc}); "
-                        "running this graph on streams without capture",
-                        stacklevel=2,
-                    )
-                    self.blockers = [f"capture failed: {exc}"]
-                    return self.inner(args)
-            for i, buffer in self._copies:  # the inputs that change; weights are read in place
-                buffer.copy_(args[i])
-            args.clear()
-            self._graph.replay()
-            return tuple(
-                o.clone() if isinstance(o, torch.Tensor) else o for o in self._static_outputs
-            )
+def _join_after_error(streams: Sequence[Any]) -> None:
+    """The caller's stream waits for whatever the side streams were given before the error."""
+    for stream in streams[1:]:
+        with contextlib.suppress(Exception):  # a broken context: the original error says why
+            streams[0].wait_stream(stream)

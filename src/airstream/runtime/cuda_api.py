@@ -1,0 +1,189 @@
+"""Every CUDA call the CUDA runtime makes, and the streams it owns, behind one object.
+
+:class:`CudaApi` is the seam between airstream's CUDA executors and ``torch.cuda``: streams,
+events, the current stream and device, ``record_stream``, graph capture and its cleanup. The
+executors take one (``CUDA``, the process's, by default); the test suite passes a stand-in that
+logs and checks every call, so the protocol (device guards, capture cleanup, the join on the error
+path, which streams join a capture) is checked on machines without a GPU.
+
+Streams come from torch's per-device pool (32 per priority level, handed out round robin and
+shared with everything else in the process). Two kinds are drawn here:
+
+- **label streams**, one per ``(device, label, priority)`` for the whole process: every graph's
+  ``"side"`` work runs on one CUDA stream, as TorchAir's labels do;
+- **private streams**, per thread and device: the stream a capture runs on and the side streams
+  of any call issued while its caller's stream is capturing (airstream's capture or the user's
+  own). A stream joins a capture when it waits on the capture's work and stays in it until the
+  capture ends, so a stream another thread might use meanwhile must never join one.
+
+Drawing more streams than the pool holds makes two of them the same CUDA stream: their work
+serializes. That is warned about once, naming what shares.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from typing import Any
+
+import torch
+
+from airstream import torch_internals
+
+__all__ = ["CUDA", "CudaApi"]
+
+
+class CudaApi:
+    """The CUDA calls of airstream's runtime (real ones; tests subclass it with stand-ins)."""
+
+    stream_pool_size = 32  # torch's streams per device and priority level (kStreamsPerPool)
+
+    def __init__(self) -> None:
+        self._labels: dict[tuple[int, str, int], Any] = {}
+        self._drawn: dict[tuple[int, int], list[str]] = {}  # (device, priority) -> what was drawn
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        # One airstream capture at a time in the process: a capture clears the cached cuBLAS
+        # workspaces, which another capture in progress may have baked into its graph.
+        self.capture_lock = threading.Lock()
+
+    # --- streams and events ------------------------------------------------------------------
+
+    def new_stream(self, device: torch.device, priority: int) -> Any:
+        """A stream from torch's pool for ``device``."""
+        return torch.cuda.Stream(device=device, priority=priority)
+
+    def new_event(self) -> Any:
+        """A new event (created on the device of the stream it is first recorded on)."""
+        return torch.cuda.Event()
+
+    def current_stream(self, device: torch.device) -> Any:
+        """The calling thread's current stream on ``device``."""
+        return torch.cuda.current_stream(device)
+
+    def set_stream(self, stream: Any) -> None:
+        """Make ``stream`` the thread's current stream on its device (this also makes its device
+        the current device: callers run inside :meth:`device`)."""
+        torch.cuda.set_stream(stream)
+
+    def device(self, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+        """Context manager: ``device`` is the current device inside; the caller's after."""
+        return torch.cuda.device(device)
+
+    def keep(self, value: Any, stream: Any) -> None:
+        """The caching allocator must not reuse ``value``'s memory before ``stream``'s work queued
+        so far has run (``record_stream``; also legal, and needed, inside a capture)."""
+        if isinstance(value, torch.Tensor) and value.is_cuda:
+            value.record_stream(stream)
+
+    def capturing(self) -> bool:
+        """The current stream (of the current device) is capturing a CUDA graph."""
+        return torch.cuda.is_current_stream_capturing()
+
+    # --- graphs ------------------------------------------------------------------------------
+
+    def new_graph(self) -> Any:
+        """An empty CUDA graph."""
+        return torch.cuda.CUDAGraph()
+
+    def new_pool(self) -> Any:
+        """A private memory pool for one capture."""
+        return torch.cuda.graph_pool_handle()
+
+    def capture_begin(self, graph: Any, pool: Any) -> None:
+        """Start capturing the current stream's work into ``graph``, allocating from ``pool``.
+
+        Thread-local capture mode: other threads' CUDA calls neither fail this capture nor are
+        refused because of it (the default, global mode refuses them all)."""
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+
+    def capture_end(self, graph: Any) -> None:
+        """End the capture begun on the current stream and instantiate the graph."""
+        graph.capture_end()
+
+    def replay(self, graph: Any) -> None:
+        """Launch ``graph`` on the current stream."""
+        graph.replay()
+
+    def end_allocate_to_pool(self, device: int, pool: Any) -> None:
+        """Tell the caching allocator no capture allocates into ``pool`` any more."""
+        torch_internals.end_allocate_to_pool(device, pool)
+
+    def release_pool(self, device: int, pool: Any) -> None:
+        """Drop a use of the memory pool ``pool`` (its memory returns once unused)."""
+        torch_internals.release_pool(device, pool)
+
+    def abandon_capture(self, graph: Any, pool: Any, device: torch.device) -> None:
+        """Undo a capture that failed, leaving the stream, the allocator and the graph as if it
+        had never started; called with the capture stream current.
+
+        torch's ``capture_end`` raises before telling the allocator that the capture is over
+        when CUDA reports the capture invalidated (an op that synchronized, a CPU copy); the
+        allocator would then defer every ``record_stream``-ed free for good, and memory grow
+        until it runs out. Each undo step is attempted even when an earlier one fails or has
+        nothing to undo (a step torch's ``capture_end`` or ``reset`` already took raises); the
+        original error is the one that counts, so theirs are dropped.
+        """
+        index = _index(device)
+        if self.capturing():
+            with contextlib.suppress(Exception):
+                self.capture_end(graph)  # ends the capture even when it then raises
+        with contextlib.suppress(Exception):
+            self.end_allocate_to_pool(index, pool)
+        with contextlib.suppress(Exception):
+            graph.reset()  # releases the pool if capture_end got that far
+        with contextlib.suppress(Exception):
+            self.release_pool(index, pool)
+
+    def clear_cublas_workspaces(self) -> None:
+        """Drop cached cuBLAS workspaces (before and after a capture)."""
+        torch_internals.clear_cublas_workspaces()
+
+    # --- the streams airstream owns ----------------------------------------------------------
+
+    def label_stream(self, device: torch.device, label: str, priority: int = 0) -> Any:
+        """The process-wide stream of ``label`` on ``device`` (same label, same stream)."""
+        key = (_index(device), label, priority)
+        stream = self._labels.get(key)
+        if stream is None:
+            with self._lock:
+                stream = self._labels.get(key)
+                if stream is None:
+                    stream = self._labels[key] = self._draw(device, priority, f"label {label!r}")
+        return stream
+
+    def private_stream(self, device: torch.device, slot: str, priority: int = 0) -> Any:
+        """This thread's own stream ``slot`` on ``device`` (for captures; see the module doc)."""
+        streams: dict[tuple[int, str, int], Any] | None = getattr(self._local, "streams", None)
+        if streams is None:
+            streams = self._local.streams = {}
+        key = (_index(device), slot, priority)
+        stream = streams.get(key)
+        if stream is None:
+            name = f"{slot} of thread {threading.current_thread().name!r}"
+            with self._lock:
+                stream = streams[key] = self._draw(device, priority, name)
+        return stream
+
+    def _draw(self, device: torch.device, priority: int, name: str) -> Any:
+        """A stream from the pool, warning once when it is one drawn before (called locked)."""
+        drawn = self._drawn.setdefault((_index(device), priority), [])
+        drawn.append(name)
+        size = self.stream_pool_size
+        if len(drawn) == size + 1:
+            warnings.warn(
+                f"airstream: more than {size} CUDA streams drawn on cuda:{_index(device)} at "
+                f"priority {priority}, the size of torch's stream pool: from now on streams are "
+                f"shared, and the work of two sharing ones runs one after the other ({name} "
+                f"shares with {drawn[0]}, and so on). Use fewer stream labels.",
+                stacklevel=4,
+            )
+        return self.new_stream(device, priority)
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else 0
+
+
+CUDA = CudaApi()

@@ -1,0 +1,229 @@
+"""CUDA graphs (``mode="reduce-overhead"``): a CudaExecutor's whole multi-stream call, captured
+once and replayed.
+
+The fork/join shape of every call is what makes a multi-stream capture legal. Parameters and
+buffers (``static``: their input indices, from AOTAutograd) are captured by address, as torch's
+cudagraph trees do: a replay reads them where they are, and only the other inputs are copied into
+the graph's own buffers (same strides). Outputs are copied out of the graph's memory, so a result
+survives the next replay. A replay is one opaque launch: profiling sees no per-op records for it
+(use ``mode="max-autotune"`` to profile streams).
+
+What makes it safe:
+
+- **what cannot be captured is not tried**: :func:`capture_blockers` reads the graph (symbolic or
+  data-dependent shapes, host reads such as ``.item()``, tensors off the GPU, two devices, input
+  mutation, random ops); a call made while the caller's own stream is capturing (the user's
+  ``torch.cuda.graph``) is issued into that capture instead;
+- **a capture that fails anyway leaves nothing behind**: the stream, the device, the allocator's
+  capture state and the graph's memory pool are restored, a warning says why, and the graph runs
+  on streams without capture from then on;
+- **captures run one at a time in the process**, in thread-local capture mode, on this thread's
+  private streams, with cuBLAS workspaces cleared before and after (as torch's cudagraph trees
+  do);
+- **replays from callers on different streams are ordered**: each call's stream waits for the
+  previous replay and its output copies before overwriting the input buffers.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+from airstream.effects import effects
+from airstream.nodes import describe
+from airstream.runtime.cuda import CudaExecutor
+
+__all__ = ["CaptureFailed", "CudaGraphExecutor", "capture_blockers", "copy_like"]
+
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+class CaptureFailed(RuntimeError):
+    """CUDA graph capture failed; the process was left as before it started."""
+
+
+def _tensors(val: Any) -> list[torch.Tensor]:
+    if isinstance(val, torch.Tensor):
+        return [val]
+    if isinstance(val, list | tuple):
+        return [v for v in val if isinstance(v, torch.Tensor)]
+    return []
+
+
+def _symbolic(val: Any) -> bool:
+    if isinstance(val, _SYMBOLIC):
+        return True
+    if isinstance(val, list | tuple):
+        return any(_symbolic(v) for v in val)
+    if isinstance(val, torch.Tensor):
+        return any(isinstance(d, _SYMBOLIC) for d in (*val.shape, *val.stride()))
+    return False
+
+
+def capture_blockers(gm: torch.fx.GraphModule) -> list[str]:
+    """Why ``gm`` cannot be captured into a CUDA graph (empty if it can)."""
+    reasons: list[str] = []
+    devices: dict[torch.device, torch.fx.Node] = {}
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            continue
+        val = node.meta.get("val")
+        name = f"input {node.name}" if node.op == "placeholder" else describe(node)
+        if _symbolic(val):
+            if free_unbacked_symbols(val):
+                reasons.append(f"{name} has a shape that depends on tensor values")
+            else:
+                reasons.append(f"symbolic shape at {name}")
+        for tensor in _tensors(val):
+            if tensor.device.type != "cuda":
+                reasons.append(f"{name} is on {tensor.device}")
+                break
+            devices.setdefault(tensor.device, node)
+        if node.op == "call_function":
+            found = effects(node)
+            if found.mutates:
+                reasons.append(f"{name} mutates its input")
+            if found.random:
+                reasons.append(f"{name} draws random numbers")
+            if found.host_sync:
+                reasons.append(f"{name} reads device data back to the host")
+    if len(devices) > 1:
+        where = ", ".join(f"{d} ({n.name})" for d, n in devices.items())
+        reasons.append(f"values on more than one device: {where}")
+    return reasons
+
+
+def copy_like(value: Any) -> Any:
+    """A copy of ``value`` with its strides (``clone`` makes a tensor with gaps contiguous); an
+    expanded tensor, which no copy can share memory like, comes back contiguous."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    layout = zip(value.shape, value.stride(), strict=True)
+    if any(stride == 0 and size > 1 for size, stride in layout):
+        return value.clone(memory_format=torch.contiguous_format)
+    out = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+    out.copy_(value)
+    return out
+
+
+class CudaGraphExecutor:
+    """Captures a CudaExecutor's call into a CUDA graph on first use, then replays it.
+
+    If a static input is a different tensor than at capture (a module's weights replaced by new
+    tensors), the graph is captured again.
+    """
+
+    def __init__(
+        self,
+        inner: CudaExecutor,
+        gm: torch.fx.GraphModule,
+        static: Sequence[int] = (),
+        warmup: int = 2,
+    ) -> None:
+        self._boxed_call = True
+        self.inner = inner
+        self.api = inner.api
+        self.device = inner.device
+        self.blockers = capture_blockers(gm)
+        self.static = frozenset(static)
+        self.warmup = warmup
+        self.captures = 0  # how many times a graph was captured (recaptures included)
+        self._graph: Any = None
+        self._inputs: list[Any] = []  # per input: the static tensor itself, or our buffer
+        self._copies: list[tuple[int, torch.Tensor]] = []  # (input index, buffer) to refresh
+        self._addresses: dict[int, int] = {}  # static input index -> data_ptr at capture
+        self._static_outputs: Any = None
+        self._done: Any = None  # recorded after the last replay's output copies were issued
+        self._lock = threading.Lock()  # one set of buffers: calls replay one at a time
+
+    @property
+    def code(self) -> str:
+        """The generated code the graph was captured from."""
+        return str(self.inner.code)
+
+    def _capture(self, args: Sequence[Any]) -> None:
+        """Warm up, then capture one call on this thread's private capture stream."""
+        api, device = self.api, self.device
+        caller = api.current_stream(device)
+        inputs = [copy_like(a) if i not in self.static else a for i, a in enumerate(args)]
+        with api.capture_lock:
+            stream = api.private_stream(device, "capture")
+            stream.wait_stream(caller)  # the input copies, and whatever made the inputs
+            api.set_stream(stream)
+            try:
+                api.clear_cublas_workspaces()
+                for _ in range(self.warmup):  # a model error here is the caller's to see
+                    self.inner(list(inputs))
+                self.inner.side_streams(capturing=True)  # drawn now, not inside the capture
+                graph, pool = api.new_graph(), api.new_pool()
+                try:
+                    api.capture_begin(graph, pool)
+                    outputs = self.inner(list(inputs))
+                except BaseException as error:
+                    api.set_stream(stream)
+                    api.abandon_capture(graph, pool, device)
+                    raise CaptureFailed(f"{type(error).__name__}: {error}") from error
+                try:
+                    api.capture_end(graph)
+                except BaseException as error:
+                    api.abandon_capture(graph, pool, device)
+                    raise CaptureFailed(f"{type(error).__name__}: {error}") from error
+                api.clear_cublas_workspaces()
+            finally:
+                api.set_stream(caller)
+                caller.wait_stream(stream)  # replays come after the warm-up's work
+        self._graph, self._inputs, self._static_outputs = graph, inputs, outputs
+        self._copies = [
+            (i, buffer)
+            for i, buffer in enumerate(inputs)
+            if i not in self.static and isinstance(buffer, torch.Tensor)
+        ]
+        self._addresses = {
+            i: a.data_ptr()
+            for i, a in enumerate(args)
+            if i in self.static and isinstance(a, torch.Tensor)
+        }
+        self._done = api.new_event()
+        self.captures += 1
+
+    def _moved(self, args: Sequence[Any]) -> bool:
+        """A static input is not the tensor the graph captured."""
+        return any(args[i].data_ptr() != address for i, address in self._addresses.items())
+
+    def __call__(self, args: list[Any]) -> Any:
+        if self.blockers:
+            return self.inner(args)
+        api = self.api
+        with api.device(self.device):
+            if api.capturing():  # inside the caller's own capture: issue into it
+                return self.inner(args)
+            with self._lock:
+                if self._graph is None or self._moved(args):
+                    try:
+                        self._capture(args)
+                    except CaptureFailed as failure:
+                        warnings.warn(
+                            f"airstream: CUDA graph capture failed ({failure}); the process "
+                            "was left as before the capture, and this graph runs on streams "
+                            "without capture from now on",
+                            stacklevel=2,
+                        )
+                        self.blockers = [f"capture failed: {failure}"]
+                        return self.inner(args)
+                stream = api.current_stream(self.device)
+                # The last replay may have been issued on another caller's stream: its reads of
+                # the input buffers and its output copies come before this call's input copies.
+                stream.wait_event(self._done)
+                for i, buffer in self._copies:  # the inputs that change; weights are read in place
+                    buffer.copy_(args[i])
+                args.clear()
+                api.replay(self._graph)
+                outputs = tuple(copy_like(o) for o in self._static_outputs)
+                self._done.record(stream)
+                return outputs
