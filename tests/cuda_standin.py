@@ -4,8 +4,13 @@
 replacing each CUDA primitive with bookkeeping that follows CUDA's and torch's rules where the
 runtime depends on them: ``set_stream`` also switches the current device; a stream joins a capture
 by waiting on an event recorded in it, and stays in it until the capture ends; an op that is not
-allowed in a capture invalidates it, after which ``capture_end`` ends the capture but raises
-before the allocator hears of it (torch's behaviour); capture cannot begin on a default stream.
+allowed in a capture invalidates it, after which ``capture_end`` ends the capture and raises;
+capture cannot begin on a default stream. What torch itself undoes after a failed capture differs
+by release, and the stand-in follows the one it is told (``release``): 2.11's ``capture_end``
+raises before the allocator hears the capture ended, later ones after; 2.15's ``reset`` also
+ends the allocator's redirect and releases the pool of a capture that never ended, earlier ones
+release only the pool of a capture that did. A pool's use count going below zero (which makes
+every later ``empty_cache`` fail in torch) is recorded in ``violations``.
 Every call is logged, so tests check the order of what the runtime issued. Ops compute on the CPU
 right away; a "replay" recomputes the captured call on the captured tensors.
 """
@@ -52,32 +57,62 @@ class Event:
         self.api.log_call("record", stream.name, self.name)
         self.capture = self.api.capture_of.get(stream)
 
+    def synchronize(self) -> None:
+        self.api.log_call("synchronize", self.name)
+
+
+class Pool:
+    """A torch.cuda.MemPool: it holds one use of the pool itself."""
+
+    def __init__(self, api: StandInCuda, name: str) -> None:
+        self.api, self.id, self.uses = api, (0, name), 1
+
+    def use_count(self) -> int:
+        return self.uses
+
+    def release(self) -> None:
+        self.uses -= 1
+        if self.uses < 0:
+            self.api.violations.append(f"pool {self.id} released below zero uses")
+
 
 class Graph:
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, api: StandInCuda, name: str) -> None:
+        self.api, self.name = api, name
         self.invalid = False
+        self.began = False
         self.ended = False
         self.resets = 0
+        self.pool: Pool | None = None
         self.replay_fn: Callable[[], None] | None = None
 
     def reset(self) -> None:
         self.resets += 1
+        pool = self.pool
+        if pool is None:
+            return
+        if self.ended or (self.api.release >= (2, 15) and self.began):
+            self.api.pools_allocating.discard(pool)
+            pool.release()
+        self.pool = None
+        self.began = self.ended = False
 
 
 class StandInCuda(CudaApi):
     """Logs and checks the runtime's CUDA calls; see the module docstring."""
 
-    def __init__(self, pool_size: int = 32) -> None:
+    def __init__(self, pool_size: int = 32, release: tuple[int, int] = (2, 15)) -> None:
         super().__init__()
         self.stream_pool_size = pool_size
+        self.release = release  # the torch release whose capture cleanup is modelled
+        self.violations: list[str] = []
         self.log: list[tuple[Any, ...]] = []
         self.device_now = 0
         self._current: dict[int, Stream] = {}
         self.capture_of: dict[Stream, Graph] = {}  # streams in a capture -> its graph
         self.capture_origin: dict[Graph, Stream] = {}
-        self.pools_allocating: set[Any] = set()  # pools a capture allocates into
-        self.pools_live: dict[Any, int] = {}  # pool -> uses
+        self.pools_allocating: set[Pool] = set()  # pools a capture allocates into
+        self.pools: list[Pool] = []
         self.concurrent_captures = 0
         self.most_concurrent = 0
         self.fail_in_capture = False  # the next keep() inside a capture is an illegal op
@@ -157,12 +192,14 @@ class StandInCuda(CudaApi):
         return self.capturing_graph() is not None
 
     def new_graph(self) -> Graph:
-        return Graph(f"g{next(self._names)}")
+        return Graph(self, f"g{next(self._names)}")
 
-    def new_pool(self) -> tuple[int, int]:
-        return (0, next(self._names))
+    def new_pool(self) -> Pool:
+        pool = Pool(self, f"p{next(self._names)}")
+        self.pools.append(pool)
+        return pool
 
-    def capture_begin(self, graph: Graph, pool: Any) -> None:
+    def capture_begin(self, graph: Graph, pool: Pool) -> None:
         stream = self.current()
         assert not stream.name.startswith("default"), "capture on a default stream"
         assert stream not in self.capture_of, "capture begun on a stream already capturing"
@@ -173,8 +210,8 @@ class StandInCuda(CudaApi):
         self.capture_of[stream] = graph
         self.capture_origin[graph] = stream
         self.pools_allocating.add(pool)
-        self.pools_live[pool] = self.pools_live.get(pool, 0) + 1
-        graph.pool = pool  # type: ignore[attr-defined]
+        pool.uses += 1
+        graph.pool, graph.began = pool, True
 
     def _end(self, graph: Graph) -> None:
         for stream in [s for s, g in self.capture_of.items() if g is graph]:
@@ -186,9 +223,12 @@ class StandInCuda(CudaApi):
         assert self.capture_origin.get(graph) is stream, "capture must end on its own stream"
         self.log_call("capture_end", stream.name, graph.name)
         self._end(graph)
-        if graph.invalid:  # torch raises here, before telling the allocator
+        if graph.invalid and self.release < (2, 13):  # raises before telling the allocator
             raise RuntimeError("CUDA error: operation failed due to an earlier error in capture")
-        self.pools_allocating.discard(graph.pool)  # type: ignore[attr-defined]
+        assert graph.pool is not None
+        self.pools_allocating.discard(graph.pool)
+        if graph.invalid:
+            raise RuntimeError("CUDA error: operation failed due to an earlier error in capture")
         graph.ended = True
 
     def replay(self, graph: Graph) -> None:
@@ -198,17 +238,15 @@ class StandInCuda(CudaApi):
             with self.quiet():
                 graph.replay_fn()
 
-    def end_allocate_to_pool(self, device: int, pool: Any) -> None:
+    def end_allocate_to_pool(self, device: int, pool: Pool) -> None:
         self.log_call("end_allocate_to_pool", device)
         if pool not in self.pools_allocating:
             raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
         self.pools_allocating.discard(pool)
 
-    def release_pool(self, device: int, pool: Any) -> None:
+    def release_pool(self, device: int, pool: Pool) -> None:
         self.log_call("release_pool", device)
-        self.pools_live[pool] -= 1
-        if self.pools_live[pool] == 0:
-            del self.pools_live[pool]
+        pool.release()
 
     def clear_cublas_workspaces(self) -> None:
         self.log_call("clear_cublas_workspaces")

@@ -17,7 +17,9 @@ shared with everything else in the process). Two kinds are drawn here:
   capture ends, so a stream another thread might use meanwhile must never join one.
 
 Drawing more streams than the pool holds makes two of them the same CUDA stream: their work
-serializes. That is warned about once, naming what shares.
+serializes. That is warned about once, naming what shares. The pool is the process's, so a
+program that draws many streams of its own can still be handed one of airstream's ("private"
+ones included); ``torch.cuda.graph``'s capture stream has the same limit.
 """
 
 from __future__ import annotations
@@ -88,15 +90,16 @@ class CudaApi:
         return torch.cuda.CUDAGraph()
 
     def new_pool(self) -> Any:
-        """A private memory pool for one capture."""
-        return torch.cuda.graph_pool_handle()
+        """A private memory pool for one capture (a ``torch.cuda.MemPool``: it holds one use of
+        the pool itself, and says how many uses there are)."""
+        return torch.cuda.MemPool()
 
     def capture_begin(self, graph: Any, pool: Any) -> None:
         """Start capturing the current stream's work into ``graph``, allocating from ``pool``.
 
         Thread-local capture mode: other threads' CUDA calls neither fail this capture nor are
         refused because of it (the default, global mode refuses them all)."""
-        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+        graph.capture_begin(pool=pool.id, capture_error_mode="thread_local")
 
     def capture_end(self, graph: Any) -> None:
         """End the capture begun on the current stream and instantiate the graph."""
@@ -108,33 +111,38 @@ class CudaApi:
 
     def end_allocate_to_pool(self, device: int, pool: Any) -> None:
         """Tell the caching allocator no capture allocates into ``pool`` any more."""
-        torch_internals.end_allocate_to_pool(device, pool)
+        torch_internals.end_allocate_to_pool(device, pool.id)
 
     def release_pool(self, device: int, pool: Any) -> None:
-        """Drop a use of the memory pool ``pool`` (its memory returns once unused)."""
-        torch_internals.release_pool(device, pool)
+        """Drop the capture's use of ``pool`` (its memory returns once unused)."""
+        torch_internals.release_pool(device, pool.id)
 
     def abandon_capture(self, graph: Any, pool: Any, device: torch.device) -> None:
         """Undo a capture that failed, leaving the stream, the allocator and the graph as if it
         had never started; called with the capture stream current.
 
-        torch's ``capture_end`` raises before telling the allocator that the capture is over
-        when CUDA reports the capture invalidated (an op that synchronized, a CPU copy); the
-        allocator would then defer every ``record_stream``-ed free for good, and memory grow
-        until it runs out. Each undo step is attempted even when an earlier one fails or has
-        nothing to undo (a step torch's ``capture_end`` or ``reset`` already took raises); the
-        original error is the one that counts, so theirs are dropped.
+        What torch undoes itself differs by release. When CUDA reports a capture invalidated
+        (an op that synchronized, a copy to the host), ``capture_end`` raises; torch 2.11 raises
+        before telling the allocator the capture is over (which then defers every
+        ``record_stream``-ed free for good: memory grows until it runs out), later releases tell
+        it first; 2.15's ``reset`` also releases the pool of a capture that never ended, earlier
+        ones only that of one that did. So: end the capture, reset the graph, end the
+        allocator's redirect (raises where torch did it already), and release the capture's
+        use of the pool only if it still holds one; a second release would leave the pool's
+        use count below zero, and every later ``empty_cache`` would fail. The original error is
+        the one that counts: the undo steps' own errors are dropped.
         """
         index = _index(device)
         if self.capturing():
             with contextlib.suppress(Exception):
                 self.capture_end(graph)  # ends the capture even when it then raises
         with contextlib.suppress(Exception):
+            graph.reset()
+        with contextlib.suppress(Exception):
             self.end_allocate_to_pool(index, pool)
-        with contextlib.suppress(Exception):
-            graph.reset()  # releases the pool if capture_end got that far
-        with contextlib.suppress(Exception):
-            self.release_pool(index, pool)
+        if pool.use_count() > 1:  # the capture's use is still held (the MemPool has its own)
+            with contextlib.suppress(Exception):
+                self.release_pool(index, pool)
 
     def clear_cublas_workspaces(self) -> None:
         """Drop cached cuBLAS workspaces (before and after a capture)."""

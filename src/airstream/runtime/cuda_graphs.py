@@ -135,6 +135,7 @@ class CudaGraphExecutor:
         self.warmup = warmup
         self.captures = 0  # how many times a graph was captured (recaptures included)
         self._graph: Any = None
+        self._pool: Any = None  # the graph's memory pool (a MemPool: lives as long as the graph)
         self._inputs: list[Any] = []  # per input: the static tensor itself, or our buffer
         self._copies: list[tuple[int, torch.Tensor]] = []  # (input index, buffer) to refresh
         self._addresses: dict[int, int] = {}  # static input index -> data_ptr at capture
@@ -157,28 +158,30 @@ class CudaGraphExecutor:
             stream.wait_stream(caller)  # the input copies, and whatever made the inputs
             api.set_stream(stream)
             try:
-                api.clear_cublas_workspaces()
                 for _ in range(self.warmup):  # a model error here is the caller's to see
                     self.inner(list(inputs))
                 self.inner.side_streams(capturing=True)  # drawn now, not inside the capture
                 graph, pool = api.new_graph(), api.new_pool()
+                # The capture allocates its own cuBLAS workspace inside its pool: one cached
+                # by the warm-up (outside the pool) would be baked into the graph, then reused.
+                api.clear_cublas_workspaces()
                 try:
                     api.capture_begin(graph, pool)
                     outputs = self.inner(list(inputs))
+                    api.capture_end(graph)
                 except BaseException as error:
                     api.set_stream(stream)
                     api.abandon_capture(graph, pool, device)
+                    if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit
+                        raise
                     raise CaptureFailed(f"{type(error).__name__}: {error}") from error
-                try:
-                    api.capture_end(graph)
-                except BaseException as error:
-                    api.abandon_capture(graph, pool, device)
-                    raise CaptureFailed(f"{type(error).__name__}: {error}") from error
-                api.clear_cublas_workspaces()
+                finally:
+                    api.clear_cublas_workspaces()
             finally:
                 api.set_stream(caller)
                 caller.wait_stream(stream)  # replays come after the warm-up's work
-        self._graph, self._inputs, self._static_outputs = graph, inputs, outputs
+        self._graph, self._pool = graph, pool
+        self._inputs, self._static_outputs = inputs, outputs
         self._copies = [
             (i, buffer)
             for i, buffer in enumerate(inputs)
@@ -205,6 +208,8 @@ class CudaGraphExecutor:
                 return self.inner(args)
             with self._lock:
                 if self._graph is None or self._moved(args):
+                    if self._done is not None:  # a replay still running reads the old buffers
+                        self._done.synchronize()
                     try:
                         self._capture(args)
                     except CaptureFailed as failure:
