@@ -245,6 +245,40 @@ def test_auto_streams_keeps_a_sequential_graph_single_stream() -> None:
     assert graph.streams.side_streams == ()
 
 
+@pytest.mark.parametrize("cost_model", ["flops", "profile"])
+def test_auto_streams_does_not_pin_dynamic_shapes(cost_model: str) -> None:
+    """Issue 16, class 2: the cost model called int() on symbolic sizes, which installs a guard,
+    so every new sequence length recompiled (and past Dynamo's limit ran eagerly)."""
+    model = Branches(64)
+    lengths = (8, 16, 24, 32)
+    counts = {}
+    decisions = {}
+    for name, config in (
+        ("default", airstream.CompilerConfig()),
+        ("auto", _config(passes.auto_streams(cost_model=cost_model))),
+    ):
+        torch.compiler.reset()
+        compiled, backend = compile_model(model, config)
+        with torch.no_grad():
+            for length in lengths:
+                x = torch.randn(length, 64)
+                assert_same(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+        counts[name] = len(backend.graphs)
+        key = "airstream_auto_streams"
+        decisions[name] = [g.graph_module.meta.get(key) for g in backend.graphs]
+    assert counts["auto"] == counts["default"] == 2, counts  # static, then one dynamic graph
+    static, dynamic = decisions["auto"]
+    assert static is not None and dynamic is not None
+    if cost_model == "flops":  # the same costs whether traced static or dynamic (same example)
+        torch.compiler.reset()
+        compiled, backend = compile_model(model, _config(passes.auto_streams()), dynamic=True)
+        with torch.no_grad():
+            compiled(torch.randn(8, 64))
+        (first,) = [g.graph_module.meta["airstream_auto_streams"] for g in backend.graphs]
+        assert first.single_stream_seconds == pytest.approx(static.single_stream_seconds)
+        assert first.applied == static.applied
+
+
 def test_auto_streams_profile_cost_model_and_explain() -> None:
     model = Branches(128)
     report = airstream.explain(

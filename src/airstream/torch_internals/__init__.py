@@ -98,6 +98,7 @@ from airstream.torch_internals.tools import (
     record_function_enter,
     record_function_exit,
     remove_from_dynamo_cache,
+    size_hint,
     tree_flatten,
     tree_unflatten,
 )
@@ -159,6 +160,7 @@ __all__ = [
     "require",
     "set_annotations",
     "set_grad_enabled",
+    "size_hint",
     "stack_trace",
     "static_input_indices",
     "stream_annotations",

@@ -52,6 +52,31 @@ def flop_formula(target: Any) -> Callable[..., Any] | None:
     return None if packet is None else _get("flop_formulas").get(packet)
 
 
+@_feature(
+    "size_hints",
+    "torch.fx.experimental.symbolic_shapes.optimization_hint(symint, fallback=)",
+    "auto-streams",
+    "reading a symbolic size's example value in cost models without installing a guard (int() "
+    "would pin the dimension, and every new size would recompile)",
+)
+def _probe_size_hints() -> Callable[..., int]:
+    hint: Callable[..., int] = _attr("torch.fx.experimental.symbolic_shapes:optimization_hint")
+    if hint(7) != 7:
+        raise AttributeError("optimization_hint(7) is not 7")
+    return hint
+
+
+def size_hint(value: Any, fallback: int = 64) -> int:
+    """The example value of a size (a SymInt's hint, without a guard; ``fallback`` for a size
+    with none, such as a data-dependent one); ints come back as they are."""
+    if isinstance(value, int):
+        return value
+    try:
+        return int(_get("size_hints")(value, fallback=fallback))
+    except Exception:  # an expression the shape environment cannot evaluate
+        return fallback
+
+
 # --- profiler ---------------------------------------------------------------------------------
 
 

@@ -7,6 +7,10 @@ each node run a few times on random inputs of its example shapes at compile time
 collective or an air op gets its ``flops`` estimate instead, and the inputs are drawn from a
 private generator, so profiling leaves every random generator as it found it and issues no
 communication.
+
+Symbolic sizes (a graph compiled for dynamic shapes) are read through their example values
+(``size_hint``), never with ``int()``: that would install a guard pinning the size, and every new
+size would recompile. A graph gets the same costs whether it was traced static or dynamic.
 """
 
 from __future__ import annotations
@@ -19,9 +23,9 @@ import torch
 import torch.fx
 
 from airstream.effects import effects
-from airstream.torch_internals import flop_formula
+from airstream.torch_internals import flop_formula, size_hint
 
-__all__ = ["CostModel", "flops_cost", "profile_cost"]
+__all__ = ["CostModel", "flops_cost", "hinted", "profile_cost"]
 
 CostModel = Callable[[torch.fx.Node], float]
 
@@ -31,17 +35,36 @@ BYTES_PER_SECOND = 8e9
 DISPATCH_SECONDS = 3e-6
 
 
+def _symbolic(value: torch.Tensor) -> bool:
+    return any(not isinstance(d, int) for d in (*value.shape, *value.stride()))
+
+
+def hinted(value: Any) -> Any:
+    """``value`` with every symbolic size replaced by its example value (a tensor with symbolic
+    sizes becomes a meta tensor of the example sizes); no guard is installed."""
+    if isinstance(value, torch.Tensor):
+        if not _symbolic(value):
+            return value
+        shape = [size_hint(d) for d in value.shape]
+        stride = [size_hint(d) for d in value.stride()]
+        return torch.empty_strided(shape, stride, dtype=value.dtype, device="meta")
+    if isinstance(value, (list, tuple)):
+        return type(value)(hinted(v) for v in value)
+    if isinstance(value, torch.SymInt):
+        return size_hint(value)
+    return value
+
+
 def _bytes(value: Any) -> int:
     if isinstance(value, torch.Tensor):
-        numel = value.numel()
-        return (int(numel) if isinstance(numel, int) else 1 << 16) * value.element_size()
+        return size_hint(value.numel()) * value.element_size()
     if isinstance(value, (list, tuple)):
         return sum(_bytes(v) for v in value)
     return 0
 
 
 def _val(arg: Any) -> Any:
-    return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
+    return hinted(arg.meta.get("val")) if isinstance(arg, torch.fx.Node) else hinted(arg)
 
 
 def flops_cost(node: torch.fx.Node) -> float:
@@ -57,7 +80,7 @@ def flops_cost(node: torch.fx.Node) -> float:
         try:
             args = torch.fx.map_arg(node.args, _val)
             kwargs = torch.fx.map_arg(node.kwargs, _val)
-            flops = int(formula(*args, **kwargs, out_val=node.meta.get("val")))
+            flops = int(formula(*args, **kwargs, out_val=hinted(node.meta.get("val"))))
         except Exception:  # a formula that cannot read these shapes: count bytes only
             flops = 0
     moved = _bytes(node.meta.get("val")) + sum(_bytes(_val(a)) for a in node.all_input_nodes)
@@ -66,7 +89,7 @@ def flops_cost(node: torch.fx.Node) -> float:
 
 def _materialize(value: Any, generator: torch.Generator) -> Any:
     if isinstance(value, torch.Tensor):
-        shape = [int(d) if isinstance(d, int) else 8 for d in value.shape]
+        shape = [size_hint(d) for d in value.shape]
         if value.dtype.is_floating_point or value.dtype.is_complex:
             return torch.randn(shape, dtype=value.dtype, generator=generator)
         if value.dtype == torch.bool:
@@ -75,7 +98,7 @@ def _materialize(value: Any, generator: torch.Generator) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(_materialize(v, generator) for v in value)
     if isinstance(value, torch.SymInt):
-        return 8
+        return size_hint(value)
     return value
 
 
