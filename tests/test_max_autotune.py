@@ -368,3 +368,18 @@ def test_a_wait_between_segment_members_still_follows_its_value() -> None:
     graph = graph_of(backend, "inference")
     (seg,) = [s for s in graph.segments if s.segment.stream == "s"]
     assert seg.segment.ops >= 3
+
+
+def test_a_constant_tensor_inside_a_segment_is_defined_before_the_fused_node() -> None:
+    """Issue 16, class 1: transformers' DynamicCache makes `torch.tensor([])`; the get_attr
+    constant sat inside a segment after the fused node's insertion point ("used before it has
+    been defined") in every decoder with a KV cache."""
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        return (x.sin() + 1) * torch.tensor([1.0, 2.0])
+
+    compiled, backend = compile_model(model, _config(experimental_config__min_segment_ops=1))
+    x = torch.randn(2)
+    assert_same(compiled(x), model(x), rtol=1e-6, atol=1e-6)
+    graph = graph_of(backend, "inference")
+    assert graph.segments and graph.fallbacks == 0
