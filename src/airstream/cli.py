@@ -171,6 +171,28 @@ def _selftest(args: argparse.Namespace) -> int:
                 f"{report['seconds']} s"
             )
         return 0
+    if args.suite == "models":
+        import dataclasses
+        import sys
+
+        from airstream.selftest.models import format_table, run_suite
+
+        def show(result: object) -> None:
+            status = getattr(result, "status", "")
+            if status != "n/a":
+                name = f"{getattr(result, 'arch', '')} {getattr(result, 'config', '')}"
+                print(f"  {name}: {status}", file=sys.stderr, flush=True)
+
+        results = run_suite(
+            archs=args.archs.split(",") if args.archs else None,
+            configs=args.configs.split(",") if args.configs else None,
+            progress=None if args.json else show,
+        )
+        if args.json:
+            print(json.dumps([dataclasses.asdict(r) for r in results], indent=2))
+        else:
+            print(format_table(results))
+        return 0 if all(r.status != "FAIL" for r in results) else 1
     from airstream.selftest.opinfo import format_sweep, load_sweep, run_sweep
 
     if args.load:
@@ -244,8 +266,15 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--dump-path", default="airstream_dump", help="where dumps go")
     explain.set_defaults(func=_explain)
 
-    selftest = sub.add_parser("selftest", help="run the fuzzer or the OpInfo sweep")
-    selftest.add_argument("suite", choices=["fuzz", "opinfo"])
+    selftest = sub.add_parser(
+        "selftest",
+        help="run the fuzzer, the OpInfo sweep or the transformers model suite",
+        description="fuzz: random stream programs through the runtimes; opinfo: every op of "
+        "torch's OpInfo database through airstream's configurations; models: transformers "
+        "architectures (random weights) through every airstream configuration, compared with "
+        "eager and classified against aot_eager (needs `pip install transformers`).",
+    )
+    selftest.add_argument("suite", choices=["fuzz", "opinfo", "models"])
     selftest.add_argument("--cases", type=int, default=1000, help="fuzz: programs (default 1000)")
     selftest.add_argument("--seed", type=int, default=0, help="fuzz: seed (default 0)")
     selftest.add_argument("--runs", type=int, default=2, help="fuzz: runs per program")
@@ -269,7 +298,11 @@ def build_parser() -> argparse.ArgumentParser:
     selftest.add_argument(
         "--configs",
         default="",
-        help="opinfo: comma-separated configurations (default: all; aot_eager is always added)",
+        help="opinfo, models: comma-separated configurations (default: all; opinfo always adds "
+        "aot_eager)",
+    )
+    selftest.add_argument(
+        "--archs", default="", help="models: comma-separated architectures (default: all)"
     )
     selftest.add_argument(
         "--shard", default="0/1", help="opinfo: k/n sweeps every n-th op from the k-th (0/1)"

@@ -1,0 +1,450 @@
+"""Real model code as the test bed: transformers architectures through every airstream config.
+
+Each architecture is built from a small config with random weights (no hub access), in eval mode
+with dropout off. Each case compiles it with airstream in one configuration, runs it, and compares
+with eager; a case that does not match is run again under torch's ``aot_eager`` and classified:
+``pass``, ``aot_eager too`` (it fails the same way without airstream: a torch or transformers
+limit, not ours) or ``FAIL`` (airstream's own). Every case counts the Dynamo graphs compiled by
+its first call (1 + graph breaks) and by later calls (recompiles), next to ``aot_eager``'s counts
+for the same calls, so a pass that pins a shape shows as extra recompiles.
+
+Configurations: ``default``; ``auto_streams``; ``forced`` (every third op on a side stream: the
+planner's syncs on real graphs); ``shared_expert`` and ``moe_experts`` where the model has those
+modules; ``max-autotune``; ``training`` (forward and backward, gradients compared);
+``two_lengths`` (a second sequence length: dynamic shapes); ``generate`` (greedy decoding with
+the KV cache, ``model.forward`` compiled the way serving code does it: tokens compared).
+
+``airstream selftest models`` runs them all and prints a table; the test suite runs a subset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+import airstream
+from airstream import passes
+
+__all__ = ["ARCHS", "CONFIGS", "Arch", "CaseResult", "format_table", "run_case", "run_suite"]
+
+VOCAB = 128
+LENGTHS = (12, 20)
+RTOL, ATOL = 1e-4, 1e-5
+
+
+@dataclasses.dataclass(frozen=True)
+class Arch:
+    """A transformers architecture at test size."""
+
+    name: str
+    family: str  # "causal", "encoder" or "seq2seq"
+    config: str  # transformers config class name
+    model: str  # transformers model class name
+    options: dict[str, Any]
+    shared_expert: str | None = None  # module-path regex of its shared expert
+    experts: bool = False  # has routed experts
+
+    def build(self) -> torch.nn.Module:
+        """The model, eval mode, random weights (seeded)."""
+        try:
+            import transformers
+        except ModuleNotFoundError as error:
+            raise ModuleNotFoundError(
+                "the model suite needs transformers: pip install transformers (or, in a checkout "
+                "of airstream, pip install -e '.[test]')"
+            ) from error
+
+        config = getattr(transformers, self.config)(**self.options)
+        torch.manual_seed(0)
+        model: torch.nn.Module = getattr(transformers, self.model)(config)
+        return model.eval()
+
+
+_DECODER = {
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+}
+
+ARCHS: dict[str, Arch] = {
+    a.name: a
+    for a in (
+        Arch("llama", "causal", "LlamaConfig", "LlamaForCausalLM", _DECODER),
+        Arch(
+            "gpt2",
+            "causal",
+            "GPT2Config",
+            "GPT2LMHeadModel",
+            {
+                "vocab_size": VOCAB,
+                "n_embd": 64,
+                "n_layer": 2,
+                "n_head": 4,
+                "n_positions": 128,
+                "resid_pdrop": 0.0,
+                "embd_pdrop": 0.0,
+                "attn_pdrop": 0.0,
+            },
+        ),
+        Arch(
+            "mixtral",
+            "causal",
+            "MixtralConfig",
+            "MixtralForCausalLM",
+            {**_DECODER, "num_local_experts": 4, "num_experts_per_tok": 2},
+            experts=True,
+        ),
+        Arch(
+            "qwen2_moe",
+            "causal",
+            "Qwen2MoeConfig",
+            "Qwen2MoeForCausalLM",
+            {
+                **_DECODER,
+                "moe_intermediate_size": 64,
+                "shared_expert_intermediate_size": 128,
+                "num_experts": 4,
+                "num_experts_per_tok": 2,
+            },
+            shared_expert=r"shared_expert\b",
+            experts=True,
+        ),
+        Arch(
+            "deepseek_v3",
+            "causal",
+            "DeepseekV3Config",
+            "DeepseekV3ForCausalLM",
+            {
+                **_DECODER,
+                "num_key_value_heads": 4,
+                "moe_intermediate_size": 32,
+                "n_routed_experts": 4,
+                "num_experts_per_tok": 2,
+                "n_shared_experts": 1,
+                "first_k_dense_replace": 1,
+                "q_lora_rank": 32,
+                "kv_lora_rank": 16,
+                "qk_rope_head_dim": 8,
+                "qk_nope_head_dim": 8,
+                "v_head_dim": 16,
+                "n_group": 1,
+                "topk_group": 1,
+            },
+            shared_expert=r"shared_experts\b",
+            experts=True,
+        ),
+        Arch(
+            "bert",
+            "encoder",
+            "BertConfig",
+            "BertModel",
+            {
+                "vocab_size": VOCAB,
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "max_position_embeddings": 128,
+                "hidden_dropout_prob": 0.0,
+                "attention_probs_dropout_prob": 0.0,
+            },
+        ),
+        Arch(
+            "t5",
+            "seq2seq",
+            "T5Config",
+            "T5ForConditionalGeneration",
+            {
+                "vocab_size": VOCAB,
+                "d_model": 64,
+                "d_ff": 128,
+                "d_kv": 16,
+                "num_layers": 2,
+                "num_heads": 4,
+                "dropout_rate": 0.0,
+                "decoder_start_token_id": 0,
+            },
+        ),
+        Arch(
+            "mamba",
+            "causal",
+            "MambaConfig",
+            "MambaForCausalLM",
+            {"vocab_size": VOCAB, "hidden_size": 64, "state_size": 8, "num_hidden_layers": 2},
+        ),
+    )
+}
+
+CONFIGS = (
+    "default",
+    "auto_streams",
+    "forced",
+    "shared_expert",
+    "moe_experts",
+    "max-autotune",
+    "training",
+    "two_lengths",
+    "generate",
+)
+
+
+@dataclasses.dataclass
+class CaseResult:
+    """One architecture in one configuration."""
+
+    arch: str
+    config: str
+    status: str  # "pass", "aot_eager too", "FAIL", "n/a"
+    max_diff: float = 0.0
+    graphs: int = 0  # Dynamo graphs compiled by the first call (1 + graph breaks)
+    recompiles: int = 0  # Dynamo graphs compiled by later calls
+    reference_graphs: int = 0  # the same two counts under aot_eager
+    reference_recompiles: int = 0
+    side_streams: int = 0  # most side streams in one of its compiled graphs
+    seconds: float = 0.0
+    detail: str = ""
+
+    @property
+    def extra_recompiles(self) -> int:
+        """Recompiles airstream added over aot_eager's."""
+        return max(0, self.recompiles - self.reference_recompiles)
+
+
+def applies(arch: Arch, config: str) -> bool:
+    """Whether ``config`` means something for ``arch``."""
+    if config == "shared_expert":
+        return arch.shared_expert is not None
+    if config == "moe_experts":
+        return arch.experts
+    if config == "generate":
+        return arch.family in ("causal", "seq2seq")
+    return True
+
+
+def _every_third_op_on_a_side_stream(gm: torch.fx.GraphModule, inputs: Any, config: Any) -> None:
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    passes.place_on_stream(gm, calls[1::3], "side")
+
+
+def airstream_config(arch: Arch, config: str) -> airstream.CompilerConfig:
+    """The CompilerConfig of a case."""
+    out = airstream.CompilerConfig()
+    if config == "auto_streams":
+        out.post_grad_custom_pre_pass = passes.auto_streams()
+    elif config == "forced":
+        out.post_grad_custom_pre_pass = _every_third_op_on_a_side_stream
+    elif config == "shared_expert":
+        out.post_grad_custom_pre_pass = passes.shared_expert_overlap(
+            shared=arch.shared_expert or "shared_expert"
+        )
+    elif config == "moe_experts":
+        out.post_grad_custom_pre_pass = passes.moe_experts()
+    elif config == "max-autotune":
+        out.mode = "max-autotune"
+    return out
+
+
+class _Counting:
+    """A Dynamo backend that counts the graphs it is given."""
+
+    def __init__(self, backend: Callable[..., Any]) -> None:
+        self.backend = backend
+        self.count = 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        self.count += 1
+        return self.backend(gm, example_inputs)
+
+
+def _ids(length: int, seed: int = 1) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (1, length), generator=generator)
+
+
+def _inputs(arch: Arch, length: int) -> dict[str, torch.Tensor]:
+    ids = _ids(length)
+    if arch.family == "seq2seq":
+        return {"input_ids": ids, "decoder_input_ids": ids[:, : max(2, length // 3)]}
+    return {"input_ids": ids}
+
+
+def _main_output(out: Any) -> torch.Tensor:
+    for name in ("logits", "last_hidden_state"):
+        value = getattr(out, name, None)
+        if isinstance(value, torch.Tensor):
+            return value
+    raise TypeError(f"no logits or last_hidden_state in {type(out).__name__}")
+
+
+def _diff(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.float() - want.float()).abs().max()) if got.numel() else 0.0
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return got.shape == want.shape and torch.allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+@dataclasses.dataclass
+class _Outcome:
+    ok: bool  # matched eager
+    worst: float  # largest difference (generate: tokens that differ)
+    first: int  # graphs compiled by the first call
+    later: int  # graphs compiled by later calls
+    why: str = ""  # what differed, when it is not a number
+
+
+def _run(arch: Arch, config: str, backend: Callable[..., Any]) -> _Outcome:
+    """Run one case with ``backend`` and compare with eager."""
+    model = arch.build()
+    counting = _Counting(backend)
+    if config == "generate":
+        return _run_generate(arch, model, counting)
+    if config == "training":
+        return _run_training(arch, model, counting)
+    compiled = torch.compile(model, backend=counting)
+    lengths = LENGTHS if config == "two_lengths" else LENGTHS[:1]
+    ok, worst, first = True, 0.0, 0
+    with torch.no_grad():
+        for i, length in enumerate(lengths):
+            inputs = _inputs(arch, length)
+            want = _main_output(model(**inputs))
+            got = _main_output(compiled(**inputs))
+            if i == 0:
+                first = counting.count
+            ok = ok and _close(got, want)
+            worst = max(worst, _diff(got, want))
+    return _Outcome(ok, worst, first, counting.count - first)
+
+
+def _run_training(arch: Arch, model: torch.nn.Module, counting: _Counting) -> Any:
+    reference = arch.build()
+    model.train()
+    reference.train()
+    compiled = torch.compile(model, backend=counting)
+    inputs = _inputs(arch, LENGTHS[0])
+    _main_output(compiled(**inputs)).float().square().mean().backward()
+    _main_output(reference(**inputs)).float().square().mean().backward()
+    ok, worst, why = True, 0.0, ""
+    pairs = zip(model.named_parameters(), reference.parameters(), strict=True)
+    for (name, got), want in pairs:
+        if got.grad is None or want.grad is None:
+            if (got.grad is None) != (want.grad is None):
+                ok = False
+                mine, theirs = ("None", "a tensor") if got.grad is None else ("a tensor", "None")
+                why = why or f"{name}.grad is {mine} compiled, {theirs} in eager"
+            continue
+        ok = ok and _close(got.grad, want.grad)
+        worst = max(worst, _diff(got.grad, want.grad))
+    return _Outcome(ok, worst, counting.count, 0, why)
+
+
+def _run_generate(arch: Arch, model: Any, counting: _Counting) -> Any:
+    ids = _ids(LENGTHS[0])
+    options = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+    with torch.no_grad():
+        want = model.generate(ids, **options)
+        model.forward = torch.compile(model.forward, backend=counting)
+        got = model.generate(ids, **options)
+    matched = got.shape == want.shape and bool(torch.equal(got, want))
+    differing = int((got != want).sum()) if got.shape == want.shape else got.numel()
+    return _Outcome(matched, float(differing), counting.count, 0)
+
+
+def run_case(arch: Arch, config: str) -> CaseResult:
+    """Run ``arch`` in ``config`` with airstream and, for the graph counts and when it does not
+    match, with aot_eager."""
+    from airstream.torch_internals import aot_eager
+
+    if not applies(arch, config):
+        return CaseResult(arch.name, config, "n/a")
+    start = time.perf_counter()
+    result = CaseResult(arch.name, config, "pass")
+    torch.compiler.reset()
+    try:
+        backend = airstream.get_backend(compiler_config=airstream_config(arch, config))
+        outcome = _run(arch, config, backend)
+        ok, result.max_diff = outcome.ok, outcome.worst
+        result.graphs, result.recompiles = outcome.first, outcome.later
+        result.side_streams = max((len(g.streams.side_streams) for g in backend.graphs), default=0)
+        if not ok:
+            result.detail = outcome.why or f"differs from eager by {outcome.worst:.3g}"
+    except Exception as error:
+        ok = False
+        result.detail = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+    torch.compiler.reset()
+    try:
+        reference = _run(
+            arch,
+            config if config in ("training", "two_lengths", "generate") else "default",
+            aot_eager,
+        )
+        ref_ok = reference.ok
+        result.reference_graphs, result.reference_recompiles = reference.first, reference.later
+    except Exception:
+        ref_ok = False
+    torch.compiler.reset()
+    if not ok:
+        result.status = "aot_eager too" if not ref_ok else "FAIL"
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def run_suite(
+    archs: Sequence[str] | None = None,
+    configs: Sequence[str] | None = None,
+    progress: Callable[[CaseResult], None] | None = None,
+) -> list[CaseResult]:
+    """Every architecture in every configuration (or the named ones)."""
+    unknown = sorted(set(archs or ()) - set(ARCHS)) + sorted(set(configs or ()) - set(CONFIGS))
+    if unknown:
+        raise ValueError(
+            f"unknown architecture or configuration {unknown}; architectures: "
+            f"{', '.join(ARCHS)}; configurations: {', '.join(CONFIGS)}"
+        )
+    results = []
+    for name in archs or ARCHS:
+        for config in configs or CONFIGS:
+            result = run_case(ARCHS[name], config)
+            results.append(result)
+            if progress is not None:
+                progress(result)
+    return results
+
+
+def format_table(results: Sequence[CaseResult]) -> str:
+    """The results as a table, with a summary line."""
+    header = (
+        f"{'model':<12} {'config':<14} {'result':<14} {'max diff':>9} {'sides':>5} "
+        f"{'graphs':>7} {'recomp':>7}  detail"
+    )
+    lines = [header, "-" * len(header)]
+    for r in results:
+        if r.status == "n/a":
+            continue
+        graphs = f"{r.graphs}/{r.reference_graphs}"
+        recompiles = f"{r.recompiles}/{r.reference_recompiles}"
+        diff = f"{r.max_diff:.2g}" if r.config != "generate" else f"{int(r.max_diff)} tok"
+        lines.append(
+            f"{r.arch:<12} {r.config:<14} {r.status:<14} {diff:>9} {r.side_streams:>5} "
+            f"{graphs:>7} {recompiles:>7}  {r.detail}"
+        )
+    ran = [r for r in results if r.status != "n/a"]
+    passed = sum(r.status == "pass" for r in ran)
+    shared = sum(r.status == "aot_eager too" for r in ran)
+    failed = sum(r.status == "FAIL" for r in ran)
+    extra = sum(r.extra_recompiles for r in ran)
+    seconds = sum(r.seconds for r in ran)
+    lines.append(
+        f"{len(ran)} cases: {passed} match eager, {shared} fail under aot_eager too, "
+        f"{failed} fail in airstream only; {extra} recompiles beyond aot_eager's "
+        f"(graphs and recompiles: airstream/aot_eager); {seconds:.0f} s"
+    )
+    return "\n".join(lines)
