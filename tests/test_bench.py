@@ -108,3 +108,40 @@ def test_tp_report_structure() -> None:
     assert report["streams"]["airstream overlap_communication"] == ["None", "comm"]
     assert report["profiles_rank0"]["airstream 1 stream"]["wait_tensor_us"] > 0
     assert "vs 1 stream" in format_tp(report)
+
+
+def test_bench_decode_checks_every_runner_and_reports_tokens_per_second(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from airstream.bench import decode
+
+    tiny = {
+        "vocab_size": 64,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "moe_intermediate_size": 16,
+        "shared_expert_intermediate_size": 32,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+    }
+    models = {"qwen2-moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", tiny, r"shared_expert\b")}
+    monkeypatch.setattr(decode, "DECODE_MODELS", models)
+    report = decode.run_decode(("qwen2-moe",), batch=2, prompt=4, rounds=1, calls=1)
+    runners = report["models"]["qwen2-moe"]
+    assert set(runners) == {
+        "eager",
+        "inductor",
+        "airstream",
+        "auto_streams",
+        "shared_expert",
+        "max-autotune+streams",
+    }
+    for figures in runners.values():
+        assert figures["step_ms"] > 0 and figures["tokens_per_s"] == pytest.approx(
+            2 / (figures["step_ms"] / 1e3)
+        )
+    text = decode.format_decode(report)
+    assert "shared_expert" in text and "tok/s" in text and "compile" in text

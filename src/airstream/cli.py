@@ -72,6 +72,26 @@ def _bench(args: argparse.Namespace) -> int:
             calls=args.calls or 10,
         )
         text = format_tp(report)
+    elif args.name == "decode":
+        from airstream.bench.decode import DECODE_MODELS, format_decode, run_decode
+
+        models = tuple(args.models.split(",")) if args.models else tuple(DECODE_MODELS)
+        unknown = [m for m in models if m not in DECODE_MODELS]
+        if unknown:
+            print(
+                f"airstream bench decode: unknown model(s) {unknown}; choose from "
+                f"{', '.join(DECODE_MODELS)}",
+                file=sys.stderr,
+            )
+            return 2
+        report = run_decode(
+            models,
+            batch=args.tokens or 4,
+            rounds=args.rounds,
+            calls=args.calls or 3,
+            inductor=not args.no_inductor,
+        )
+        text = format_decode(report)
     elif args.mode is not None or args.name == "branches-pointwise":
         from airstream.bench.modes import MODES, format_modes, run_modes
 
@@ -352,6 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
             "branches-pointwise",
             "tp",
             "memory",
+            "decode",
         ],
         help="overhead: per-op cost vs fx.GraphModule and one side stream's cost; "
         "moe: a dense MoE block, eager vs Inductor vs airstream on 1 and 2 streams "
@@ -362,7 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
         "stack over --nproc gloo ranks, eager vs airstream 1 stream vs overlap_communication; "
         "memory: peak memory of a training step and of inference (--layers, --hidden, "
         "--tokens = batch, --calls = steps), eager vs aot_eager vs Inductor vs airstream on 1 "
-        "and 2 streams, each in its own process",
+        "and 2 streams, each in its own process; decode: decode steps of transformers "
+        "architectures (--models) with a static KV cache, eager vs Inductor vs airstream's "
+        "configurations, tokens/s and compile times",
     )
     bench.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
     bench.add_argument(
@@ -392,6 +415,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--nproc", type=int, default=2, help="tp: ranks to spawn (default 2)")
     bench.add_argument(
         "--layers", type=int, default=None, help="tp: layers (default 4); memory: (default 8)"
+    )
+    bench.add_argument(
+        "--models",
+        default="",
+        help="decode: comma-separated models (default all: qwen2-moe, deepseek-v3, llama)",
     )
     bench.add_argument("--json", action="store_true", help="print the report as JSON")
     bench.set_defaults(func=_bench)

@@ -1,0 +1,217 @@
+"""``airstream bench decode``: decode steps of real transformers architectures, as serving does it.
+
+Each model is a transformers architecture at CPU-realistic size with random weights: a
+Qwen2-MoE-style model (routed experts plus a shared expert), a DeepSeek-V3-style one (MLA
+attention, routed experts plus a shared expert) and a dense Llama-style one. Serving code
+compiles ``model.forward`` and calls it once per generated token with a static KV cache; here each
+runner gets its own ``StaticCache``, filled by one eager prefill of the prompt, and its own
+compiled forward. A timed call is one decode step: B sequences, one new token each, written at
+the same cache position every time (the cache's length is set back to the prompt's before each
+step; a static cache attends over its whole length, so every step costs the same). Runners,
+timed interleaved, medians:
+
+- ``eager``; ``inductor`` (``torch.compile`` defaults);
+- ``airstream`` (one stream); ``auto_streams``; ``shared_expert`` (``shared_expert_overlap``,
+  MoE models with a shared expert); ``max-autotune+streams`` (Inductor segments, with the shared
+  expert pass on models that have one, else ``auto_streams``).
+
+Every runner's logits are checked against eager's first. Compile time (the first compiled call)
+is reported apart. Tokens/s = B / step time.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from airstream.bench.timing import interleaved_medians, run_conditions
+
+__all__ = ["DECODE_MODELS", "format_decode", "run_decode"]
+
+_ATTENTION = {"num_hidden_layers": 4, "num_attention_heads": 16, "max_position_embeddings": 256}
+
+DECODE_MODELS: dict[str, tuple[str, str, dict[str, Any], str | None]] = {
+    # name: (config class, model class, options, shared-expert module regex)
+    "qwen2-moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        {
+            **_ATTENTION,
+            "vocab_size": 2048,
+            "hidden_size": 1024,
+            "intermediate_size": 2816,
+            "num_key_value_heads": 8,
+            "moe_intermediate_size": 1408,
+            "shared_expert_intermediate_size": 2816,
+            "num_experts": 16,
+            "num_experts_per_tok": 4,
+        },
+        r"shared_expert\b",
+    ),
+    "deepseek-v3": (
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        {
+            **_ATTENTION,
+            "vocab_size": 2048,
+            "hidden_size": 1024,
+            "intermediate_size": 2816,
+            "num_key_value_heads": 16,
+            "moe_intermediate_size": 704,
+            "n_routed_experts": 16,
+            "num_experts_per_tok": 4,
+            "n_shared_experts": 2,
+            "first_k_dense_replace": 1,
+            "q_lora_rank": 384,
+            "kv_lora_rank": 256,
+            "qk_rope_head_dim": 32,
+            "qk_nope_head_dim": 64,
+            "v_head_dim": 64,
+            "n_group": 1,
+            "topk_group": 1,
+        },
+        r"shared_experts\b",
+    ),
+    "llama": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {
+            **_ATTENTION,
+            "vocab_size": 2048,
+            "hidden_size": 1024,
+            "intermediate_size": 2816,
+            "num_key_value_heads": 8,
+        },
+        None,
+    ),
+}
+
+
+def _build(name: str) -> tuple[Any, str | None]:
+    import transformers
+
+    config_class, model_class, options, shared = DECODE_MODELS[name]
+    config = getattr(transformers, config_class)(**options)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_class)(config).eval()
+    return model, shared
+
+
+def _backends(shared: str | None, inductor: bool) -> dict[str, Any]:
+    import airstream
+    from airstream import passes
+    from airstream.torch_internals import compile_fx
+
+    def config(mode: str = "reduce-overhead", graph_pass: Any = None) -> Any:
+        out = airstream.CompilerConfig()
+        out.mode = mode
+        out.post_grad_custom_pre_pass = graph_pass
+        return airstream.get_backend(compiler_config=out)
+
+    runners: dict[str, Any] = {"eager": None}
+    if inductor:
+        runners["inductor"] = compile_fx
+    runners["airstream"] = config()
+    runners["auto_streams"] = config(graph_pass=passes.auto_streams())
+    if shared is not None:
+        runners["shared_expert"] = config(graph_pass=passes.shared_expert_overlap(shared=shared))
+    hand = passes.shared_expert_overlap(shared=shared) if shared else passes.auto_streams()
+    runners["max-autotune+streams"] = config("max-autotune", hand)
+    return runners
+
+
+def _decoder(
+    model: Any, backend: Any, batch: int, prompt: int, max_len: int
+) -> tuple[Callable[[], torch.Tensor], float]:
+    """One runner: its cache filled by an eager prefill, and a function doing one decode step.
+    Returns the step and the seconds its first (compiling) call took."""
+    import transformers
+
+    cache: Any = transformers.StaticCache(config=model.config, max_cache_len=max_len)
+    # transformers renamed past_key_values to cache (5.24 warns on the old name)
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, model.config.vocab_size, (batch, prompt), generator=generator)
+    with torch.no_grad():
+        model(input_ids=ids, **{name: cache}, use_cache=True)
+    token = torch.randint(0, model.config.vocab_size, (batch, 1), generator=generator)
+    position = torch.tensor([prompt])
+    forward = model.forward if backend is None else torch.compile(model.forward, backend=backend)
+
+    lengths = [layer.cumulative_length for layer in cache.layers]
+
+    def step() -> torch.Tensor:
+        with torch.no_grad():
+            for length in lengths:  # back to the prompt: every step writes the same position
+                length.fill_(prompt)
+            out = forward(input_ids=token, **{name: cache}, cache_position=position, use_cache=True)
+        return out.logits
+
+    start = time.perf_counter()
+    step()
+    return step, time.perf_counter() - start
+
+
+def run_decode(
+    models: tuple[str, ...] = tuple(DECODE_MODELS),
+    batch: int = 4,
+    prompt: int = 32,
+    rounds: int = 15,
+    calls: int = 3,
+    inductor: bool = True,
+) -> dict[str, Any]:
+    """Per model: each runner's median decode-step seconds, tokens/s and compile seconds."""
+    report: dict[str, Any] = {
+        **run_conditions(rounds, calls),
+        "batch": batch,
+        "prompt": prompt,
+        "models": {},
+    }
+    for name in models:
+        model, shared = _build(name)
+        torch.compiler.reset()
+        steps: dict[str, Callable[[], torch.Tensor]] = {}
+        compile_seconds: dict[str, float] = {}
+        for runner, backend in _backends(shared, inductor).items():
+            steps[runner], compile_seconds[runner] = _decoder(
+                model, backend, batch, prompt, prompt + 8
+            )
+        want = steps["eager"]()
+        for runner, step in steps.items():
+            torch.testing.assert_close(step(), want, rtol=1e-3, atol=1e-3, msg=runner)
+        medians = interleaved_medians(steps, rounds=rounds, calls_per_round=calls, warmup=2)
+        report["models"][name] = {
+            runner: {
+                "step_ms": medians[runner] * 1e3,
+                "tokens_per_s": batch / medians[runner],
+                "compile_s": compile_seconds[runner] if runner != "eager" else 0.0,
+            }
+            for runner in steps
+        }
+        del steps
+    return report
+
+
+def format_decode(report: dict[str, Any]) -> str:
+    """The report as text: per model, each runner against the best of eager and Inductor."""
+    lines = [
+        f"decode: B={report['batch']} sequences, one token each per step, prompt "
+        f"{report['prompt']}, static KV cache; medians of {report['rounds']} interleaved rounds "
+        f"x {report['calls_per_round']} steps; torch {report['torch']}, {report['cores']} cores"
+    ]
+    for name, runners in report["models"].items():
+        baseline = min(runners[r]["step_ms"] for r in ("eager", "inductor") if r in runners)
+        lines.append(f"  {name}:")
+        for runner, figures in runners.items():
+            compiled = f"  compile {figures['compile_s']:.1f} s" if figures["compile_s"] else ""
+            lines.append(
+                f"    {runner:<22} {figures['step_ms']:8.2f} ms/step "
+                f"{figures['tokens_per_s']:8.1f} tok/s  {baseline / figures['step_ms']:5.2f}x"
+                f"{compiled}"
+            )
+    lines.append("  (x: tokens/s over the best of eager and inductor)")
+    return "\n".join(lines)
