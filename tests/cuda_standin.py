@@ -107,8 +107,7 @@ class StandInCuda(CudaApi):
         self.release = release  # the torch release whose capture cleanup is modelled
         self.violations: list[str] = []
         self.log: list[tuple[Any, ...]] = []
-        self.device_now = 0
-        self._current: dict[int, Stream] = {}
+        self._thread = threading.local()  # current device and streams are per thread, as in CUDA
         self.capture_of: dict[Stream, Graph] = {}  # streams in a capture -> its graph
         self.capture_origin: dict[Graph, Stream] = {}
         self.pools_allocating: set[Pool] = set()  # pools a capture allocates into
@@ -118,10 +117,26 @@ class StandInCuda(CudaApi):
         self.fail_in_capture = False  # the next keep() inside a capture is an illegal op
         self.capture_delay = 0.0
         self._names = itertools.count()
+        self._defaults: dict[int, Stream] = {}
         self._quiet = threading.local()
         self._log_lock = threading.Lock()
 
     # --- bookkeeping ----------------------------------------------------------------------------
+
+    @property
+    def device_now(self) -> int:
+        return int(getattr(self._thread, "device", 0))
+
+    @device_now.setter
+    def device_now(self, value: int) -> None:
+        self._thread.device = value
+
+    @property
+    def _current(self) -> dict[int, Stream]:
+        current: dict[int, Stream] | None = getattr(self._thread, "streams", None)
+        if current is None:
+            current = self._thread.streams = {}
+        return current
 
     def log_call(self, *entry: Any) -> None:
         if not getattr(self._quiet, "on", False):
@@ -137,9 +152,9 @@ class StandInCuda(CudaApi):
             self._quiet.on = False
 
     def default_stream(self, device: int) -> Stream:
-        if device not in self._current:
-            self._current[device] = Stream(self, f"default:{device}", device)
-        return self._current[device]
+        if device not in self._defaults:
+            self._defaults[device] = Stream(self, f"default:{device}", device)
+        return self._defaults[device]
 
     def join(self, stream: Stream, graph: Graph) -> None:
         self.capture_of[stream] = graph
