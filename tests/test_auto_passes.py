@@ -331,3 +331,44 @@ def test_passes_on_a_5000_node_graph_finish_quickly() -> None:
     passes.shared_expert_overlap()(gm, [], None)
     elapsed = time.perf_counter() - start
     assert elapsed < 5.0, elapsed  # the figure reported is from `airstream bench` (< 1 s goal)
+
+
+def _auto_on(arch_name: str, **options: Any) -> tuple[Any, Any, Any]:
+    from airstream.selftest.models import ARCHS, _inputs, _main_output
+
+    arch = ARCHS[arch_name]
+    model = arch.build()
+    compiled, backend = compile_model(model, _config(passes.auto_streams(**options)))
+    inputs = _inputs(arch, 12)
+    with torch.no_grad():
+        assert_same(
+            _main_output(compiled(**inputs)), _main_output(model(**inputs)), rtol=1e-4, atol=1e-5
+        )
+    graph = graph_of(backend, "inference")
+    return arch, graph, graph.graph_module.meta["airstream_auto_streams"]
+
+
+@pytest.mark.parametrize("arch_name", ["qwen2_moe", "deepseek_v3"])
+def test_auto_streams_finds_the_shared_expert_by_structure(arch_name: str) -> None:
+    """What serving stacks place by hand (the shared expert beside the routed experts), found
+    without module names: every node of the shared expert module goes to one side stream, reused
+    by every layer."""
+    arch, graph, decision = _auto_on(arch_name, min_gain=0.5)
+    assert decision.applied and "shared expert beside routing x" in decision.pattern
+    on_side = {n for n, label in graph.streams.stream_of.items() if label == "auto_shared"}
+    assert set(graph.streams.side_streams) == {"auto_shared"}
+    hand = {n.name for n in passes.select_nodes(graph.graph_module, module=arch.shared_expert)}
+    assert hand and hand <= on_side, sorted(hand - on_side)
+    routed = [n.name for n in graph.graph_module.graph.nodes if n.target is aten.topk.default]
+    assert routed and not set(routed) & on_side
+
+
+def test_auto_streams_finds_no_shared_expert_where_there_is_none() -> None:
+    _, _, decision = _auto_on("mixtral", min_gain=0.5)
+    assert decision.pattern == "" and decision.declined == ""
+
+
+def test_auto_streams_declines_a_shared_expert_past_the_token_limit_and_says_why() -> None:
+    _, graph, decision = _auto_on("qwen2_moe", min_gain=0.5, max_tokens=4)
+    assert "shared expert beside routing x2 not placed: 12 tokens > max_tokens=4" in str(decision)
+    assert "auto_shared" not in graph.streams.side_streams

@@ -1,4 +1,11 @@
-"""``passes.auto_streams()``: streams without labels, by list scheduling on a cost model.
+"""``passes.auto_streams()``: streams without labels, by graph structure and list scheduling.
+
+First, roles that serving stacks place on side streams by hand are looked for by structure
+(``patterns.py``): a shared expert beside the routed experts of a MoE block. If there are any, and
+the token count their matrix multiplies see is at most ``max_tokens`` (side streams pay in
+decode, not in long prefills), they go to one side stream (``auto_shared``, reused by every layer)
+when the cost model predicts at least ``min_gain``. Otherwise the general list scheduler below
+decides.
 
 Each op gets a cost (``cost.py``). Each op in turn goes to the stream where it would finish
 first, given when each stream is free and when its inputs are ready (an input from another stream
@@ -40,6 +47,7 @@ import torch.fx
 from airstream.effects import effects
 from airstream.ops.library import is_air_op
 from airstream.passes.auto.cost import CostModel, flops_cost, profile_cost
+from airstream.passes.auto.patterns import shared_experts
 from airstream.passes.toolkit import place_on_stream
 from airstream.torch_internals import require
 
@@ -61,6 +69,8 @@ class AutoStreamsDecision:
     multi_stream_seconds: float
     streams_used: int
     applied: bool
+    pattern: str = ""  # the structural role placed, if one was
+    declined: str = ""  # why a structural role found was not placed
 
     @property
     def predicted_gain(self) -> float:
@@ -69,10 +79,12 @@ class AutoStreamsDecision:
 
     def __str__(self) -> str:
         verdict = "applied" if self.applied else "kept single stream"
+        how = f" ({self.pattern})" if self.pattern else ""
+        declined = f"; {self.declined}" if self.declined else ""
         return (
             f"auto_streams: predicted {self.single_stream_seconds * 1e3:.3f} ms on one stream, "
             f"{self.multi_stream_seconds * 1e3:.3f} ms on {self.streams_used} "
-            f"(gain {self.predicted_gain:.2f}x): {verdict}"
+            f"(gain {self.predicted_gain:.2f}x): {verdict}{how}{declined}"
         )
 
 
@@ -135,6 +147,27 @@ def schedule(
     return where, start, max(finish.values(), default=0.0)
 
 
+def fixed_makespan(
+    nodes: Sequence[torch.fx.Node],
+    cost: dict[torch.fx.Node, float],
+    where: dict[torch.fx.Node, int],
+) -> float:
+    """Predicted time of ``nodes`` with a fixed assignment (node -> stream, missing: main), each
+    stream running its nodes in graph order, an input from another stream costing a sync."""
+    free: dict[int, float] = {}
+    finish: dict[torch.fx.Node, float] = {}
+    for node in nodes:
+        s = where.get(node, 0)
+        ready = free.get(s, 0.0)
+        for arg in node.all_input_nodes:
+            if arg in finish:
+                sync = SYNC_SECONDS if where.get(arg, 0) != s else 0.0
+                ready = max(ready, finish[arg] + sync)
+        finish[node] = ready + cost[node]
+        free[s] = finish[node]
+    return max(finish.values(), default=0.0)
+
+
 def _reorder(gm: torch.fx.GraphModule, start: dict[torch.fx.Node, float]) -> None:
     """Put the calls in order of predicted start (ties: original order); each stream runs its
     nodes in graph order, so this is what lets the schedule happen."""
@@ -159,14 +192,18 @@ def _order_matters(node: torch.fx.Node) -> bool:
     return effects(node).ordered
 
 
-def auto_streams(max_streams: int = 2, cost_model: str = "flops", min_gain: float = 1.1) -> Any:
-    """A pass assigning streams by list scheduling; see the module docstring."""
+def auto_streams(
+    max_streams: int = 2, cost_model: str = "flops", min_gain: float = 1.1, max_tokens: int = 256
+) -> Any:
+    """A pass assigning streams by structure, then list scheduling; see the module docstring."""
     if cost_model not in ("flops", "profile"):
         raise ValueError(
             f"auto_streams: cost_model must be 'flops' or 'profile', got {cost_model!r}"
         )
     if max_streams < 1:
         raise ValueError(f"auto_streams: max_streams must be >= 1, got {max_streams}")
+    if max_tokens < 1:
+        raise ValueError(f"auto_streams: max_tokens must be >= 1, got {max_tokens}")
     if cost_model == "flops":
         require("auto-streams")
     model: CostModel = flops_cost if cost_model == "flops" else profile_cost
@@ -178,6 +215,26 @@ def auto_streams(max_streams: int = 2, cost_model: str = "flops", min_gain: floa
             return
         cost = {n: (0.0 if _pinned(n) else model(n)) for n in calls}
         single = sum(cost.values())
+        declined = ""
+        branches = shared_experts(calls) if max_streams > 1 else []
+        if branches:
+            tokens = max(b.tokens for b in branches)
+            placed = [n for b in branches for n in b.nodes]
+            on_side = dict.fromkeys(placed, 1)
+            predicted = fixed_makespan(calls, cost, on_side) + SIDE_STREAM_SECONDS
+            what = f"shared expert beside routing x{len(branches)}"
+            if tokens > max_tokens:
+                declined = f"{what} not placed: {tokens} tokens > max_tokens={max_tokens}"
+            elif single / max(predicted, 1e-12) < min_gain:
+                gain = single / max(predicted, 1e-12)
+                declined = f"{what} not placed: predicted gain {gain:.2f}x < min_gain={min_gain}"
+            else:
+                how = f"{what}, {len(placed)} nodes on auto_shared"
+                decision = AutoStreamsDecision(single, predicted, 2, True, pattern=how)
+                gm.meta["airstream_auto_streams"] = decision
+                log.info("%s", decision)
+                place_on_stream(gm, placed, "auto_shared")
+                return
         # Reordering is safe unless order itself carries meaning: mutation and RNG order.
         movable = not any(_order_matters(n) for n in calls)
         where, start, makespan = schedule(calls, cost, max_streams, by_rank=movable)
@@ -189,7 +246,7 @@ def auto_streams(max_streams: int = 2, cost_model: str = "flops", min_gain: floa
         predicted = makespan + SIDE_STREAM_SECONDS * (len(used) - 1)
         applied = len(used) > 1 and single / max(predicted, 1e-12) >= min_gain
         decision = AutoStreamsDecision(
-            single, predicted if len(used) > 1 else single, len(used), applied
+            single, predicted if len(used) > 1 else single, len(used), applied, declined=declined
         )
         gm.meta["airstream_auto_streams"] = decision
         log.info("%s", decision)
