@@ -176,10 +176,15 @@ def run_decode(
         torch.compiler.reset()
         steps: dict[str, Callable[[], torch.Tensor]] = {}
         compile_seconds: dict[str, float] = {}
-        for runner, backend in _backends(shared, inductor).items():
+        backends = _backends(shared, inductor)
+        for runner, backend in backends.items():
             steps[runner], compile_seconds[runner] = _decoder(
                 model, backend, batch, prompt, prompt + 8
             )
+        decisions = [
+            g.graph_module.meta.get("airstream_auto_streams")
+            for g in getattr(backends["auto_streams"], "graphs", [])
+        ]
         want = steps["eager"]()
         for runner, step in steps.items():
             torch.testing.assert_close(step(), want, rtol=1e-3, atol=1e-3, msg=runner)
@@ -192,6 +197,12 @@ def run_decode(
             }
             for runner in steps
         }
+        decision = next((d for d in decisions if d is not None), None)
+        if decision is not None:
+            report["models"][name]["auto_streams"]["decision"] = str(decision)
+            report["models"][name]["auto_streams"]["predicted_gain"] = (
+                decision.predicted_gain if decision.applied else 1.0
+            )
         del steps
     return report
 
@@ -212,6 +223,13 @@ def format_decode(report: dict[str, Any]) -> str:
                 f"    {runner:<22} {figures['step_ms']:8.2f} ms/step "
                 f"{figures['tokens_per_s']:8.1f} tok/s  {baseline / figures['step_ms']:5.2f}x"
                 f"{compiled}"
+            )
+        auto = runners.get("auto_streams", {})
+        if "decision" in auto:
+            measured = runners["airstream"]["step_ms"] / auto["step_ms"]
+            lines.append(
+                f"    auto_streams predicted {auto['predicted_gain']:.2f}x over one stream, "
+                f"measured {measured:.2f}x; {auto['decision']}"
             )
     lines.append("  (x: tokens/s over the best of eager and inductor)")
     return "\n".join(lines)
