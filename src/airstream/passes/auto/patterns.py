@@ -39,25 +39,15 @@ class SharedExpert:
         self.tokens = tokens
 
 
-def _ancestors(node: torch.fx.Node) -> set[torch.fx.Node]:
+def _reach(node: torch.fx.Node, forward: bool) -> set[torch.fx.Node]:
+    """Every node ``node`` reaches through its users (``forward``) or through its inputs."""
     seen: set[torch.fx.Node] = set()
-    stack = list(node.all_input_nodes)
+    stack = list(node.users if forward else node.all_input_nodes)
     while stack:
         n = stack.pop()
         if n not in seen:
             seen.add(n)
-            stack.extend(n.all_input_nodes)
-    return seen
-
-
-def _descendants(node: torch.fx.Node) -> set[torch.fx.Node]:
-    seen: set[torch.fx.Node] = set()
-    stack = list(node.users)
-    while stack:
-        n = stack.pop()
-        if n not in seen:
-            seen.add(n)
-            stack.extend(n.users)
+            stack.extend(n.users if forward else n.all_input_nodes)
     return seen
 
 
@@ -104,8 +94,8 @@ def _branch_beside(
     router: torch.fx.Node, order: dict[torch.fx.Node, int], taken: set[torch.fx.Node]
 ) -> set[torch.fx.Node] | None:
     """The shared branch merged into ``router``'s routed output, if there is one."""
-    routed = _descendants(router)
-    before = _ancestors(router)
+    routed = _reach(router, forward=True)
+    before = _reach(router, forward=False)
     for merge in sorted((n for n in routed if n in order), key=order.__getitem__):
         for value in merge.all_input_nodes:
             if value.op != "call_function" or value in routed or value in before:
