@@ -3,10 +3,11 @@
 Each architecture is built from a small config with random weights (no hub access), in eval mode
 with dropout off. Each case compiles it with airstream in one configuration, runs it, and compares
 with eager; a case that does not match is run again under torch's ``aot_eager`` and classified:
-``pass``, ``aot_eager too`` (it fails the same way without airstream: a torch or transformers
-limit, not ours) or ``FAIL`` (airstream's own). Every case counts the Dynamo graphs compiled by
-its first call (1 + graph breaks) and by later calls (recompiles), next to ``aot_eager``'s counts
-for the same calls, so a pass that pins a shape shows as extra recompiles.
+``pass``, ``aot_eager too`` (it also fails without airstream, under ``aot_eager``: a torch or
+transformers limit, not ours; the detail says what differed) or ``FAIL`` (airstream's own).
+Every case counts the Dynamo graphs compiled by its first call (1 + graph breaks) and by later
+calls (recompiles), next to ``aot_eager``'s counts for the same calls, so a pass that pins a
+shape shows as extra recompiles.
 
 Configurations: ``default``; ``auto_streams``; ``forced`` (every third op on a side stream: the
 planner's syncs on real graphs); ``shared_expert`` and ``moe_experts`` where the model has those
@@ -378,7 +379,8 @@ def run_case(arch: Arch, config: str) -> CaseResult:
             result.detail = outcome.why or f"differs from eager by {outcome.worst:.3g}"
     except Exception as error:
         ok = False
-        result.detail = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+        first_line = (str(error).splitlines() or [""])[0]
+        result.detail = f"{type(error).__name__}: {first_line[:160]}"
     torch.compiler.reset()
     try:
         reference = _run(
