@@ -132,3 +132,13 @@ def test_doctor_on_an_untested_torch_with_every_api(
     out = capsys.readouterr().out
     assert "UNSUPPORTED: airstream supports ...; this is torch 2.16.0" in out
     assert "core APIs are present, but this torch is outside the tested range" in out
+
+
+def test_selftest_models_names_an_unknown_architecture_without_a_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from airstream.cli import main
+
+    assert main(["selftest", "models", "--archs", "lama"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown architecture or configuration ['lama']" in err and "Traceback" not in err

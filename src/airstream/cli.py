@@ -203,11 +203,15 @@ def _selftest(args: argparse.Namespace) -> int:
                 name = f"{getattr(result, 'arch', '')} {getattr(result, 'config', '')}"
                 print(f"  {name}: {status}", file=sys.stderr, flush=True)
 
-        results = run_suite(
-            archs=args.archs.split(",") if args.archs else None,
-            configs=args.configs.split(",") if args.configs else None,
-            progress=None if args.json else show,
-        )
+        try:
+            results = run_suite(
+                archs=args.archs.split(",") if args.archs else None,
+                configs=args.configs.split(",") if args.configs else None,
+                progress=None if args.json else show,
+            )
+        except ValueError as error:
+            print(f"airstream selftest models: {error}", file=sys.stderr)
+            return 2
         if args.json:
             print(json.dumps([dataclasses.asdict(r) for r in results], indent=2))
         else:
