@@ -1,0 +1,126 @@
+"""``airstream bench NAME``: run the named benchmark with the command line's options."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["run_bench"]
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Run the benchmark ``args.name`` and print its report (text, or JSON with --json)."""
+    import json
+
+    if args.name == "overhead":
+        from airstream.bench.overhead import format_overhead, run_overhead
+
+        report = run_overhead(ops=args.ops, rounds=args.rounds, calls=args.calls or 100)
+        text = format_overhead(report)
+    elif args.name == "batched-experts":
+        from airstream.bench.batched import run_batched
+
+        report = run_batched(
+            tokens=args.tokens or 8,
+            hidden=args.hidden or 1024,
+            rounds=args.rounds,
+            calls=args.calls or 5,
+        )
+        fastest = min(report["ms"].values())
+        text = (
+            f"batched experts: E={report['experts']}, B={report['tokens']}, "
+            f"H={report['hidden']}, {report['cores']} cores\n"
+            + "\n".join(
+                f"  {name:<36}{ms:>8.2f} ms {ms / fastest:>6.2f}x"
+                for name, ms in report["ms"].items()
+            )
+        )
+    elif args.name == "memory":
+        from airstream.bench.memory import format_memory, run_memory
+
+        report = run_memory(
+            layers=args.layers or 8,
+            hidden=args.hidden or 1024,
+            batch=args.tokens or 4096,
+            steps=args.calls or 3,
+        )
+        text = format_memory(report)
+    elif args.name == "passes":
+        from airstream.bench.suite import pass_timing
+
+        report = pass_timing()
+        text = f"stream passes on a {report['nodes']}-node graph:\n" + "\n".join(
+            f"  {name:<24}{seconds:.3f} s" for name, seconds in report["seconds"].items()
+        )
+    elif args.name == "tp":
+        from airstream.bench.tp import format_tp, run_tp
+
+        report = run_tp(
+            nproc=args.nproc,
+            layers=args.layers or 4,
+            tokens=args.tokens or 64,
+            hidden=args.hidden or 256,
+            rounds=args.rounds,
+            calls=args.calls or 10,
+        )
+        text = format_tp(report)
+    elif args.name == "decode":
+        from airstream.bench.decode import DECODE_MODELS, format_decode, run_decode
+
+        models = tuple(args.models.split(",")) if args.models else tuple(DECODE_MODELS)
+        unknown = [m for m in models if m not in DECODE_MODELS]
+        if unknown:
+            print(
+                f"airstream bench decode: unknown model(s) {unknown}; choose from "
+                f"{', '.join(DECODE_MODELS)}",
+                file=sys.stderr,
+            )
+            return 2
+        report = run_decode(
+            models,
+            batch=args.tokens or 4,
+            rounds=args.rounds,
+            calls=args.calls or 3,
+            inductor=not args.no_inductor,
+        )
+        text = format_decode(report)
+    elif args.mode is not None or args.name == "branches-pointwise":
+        from airstream.bench.modes import MODES, format_modes, run_modes
+
+        report = run_modes(
+            args.name,
+            modes=MODES if args.mode in (None, "both") else (args.mode,),
+            tokens=args.tokens or 8,
+            hidden=args.hidden or 1024,
+            rounds=args.rounds,
+            calls=args.calls or 20,
+            inductor=not args.no_inductor,
+            compile_times=not args.no_compile_time,
+        )
+        text = format_modes(report)
+    elif args.name != "moe" or args.passes:
+        from airstream.bench.suite import format_suite, run_suite
+
+        report = run_suite(
+            args.name,
+            tokens=args.tokens or 8,
+            hidden=args.hidden or 1024,
+            rounds=args.rounds,
+            calls=args.calls or 5,
+            inductor=not args.no_inductor,
+        )
+        text = format_suite(report)
+    else:
+        from airstream.bench.moe import format_moe, run_moe
+
+        report = run_moe(
+            experts=args.experts,
+            tokens=args.tokens or 8,
+            hidden=args.hidden or 1024,
+            rounds=args.rounds,
+            calls=args.calls or 5,
+            inductor=not args.no_inductor,
+        )
+        text = format_moe(report)
+    print(json.dumps(report, indent=2) if args.json else text)
+    return 0
