@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 from typing import Any
@@ -352,20 +353,112 @@ def _auto_on(arch_name: str, **options: Any) -> tuple[Any, Any, Any]:
 def test_auto_streams_finds_the_shared_expert_by_structure(arch_name: str) -> None:
     """What serving stacks place by hand (the shared expert beside the routed experts), found
     without module names: every node of the shared expert module goes to one side stream, reused
-    by every layer."""
-    arch, graph, decision = _auto_on(arch_name, min_gain=0.5)
+    by every layer (max_streams=3: one stream per role)."""
+    arch, graph, decision = _auto_on(arch_name, min_gain=0.5, max_streams=3)
     assert decision.applied and "shared expert beside routing x" in decision.pattern
     on_side = {n for n, label in graph.streams.stream_of.items() if label == "auto_shared"}
-    assert set(graph.streams.side_streams) == {"auto_shared"}
+    assert set(graph.streams.side_streams) <= {"auto_shared", "auto_proj"}
     hand = {n.name for n in passes.select_nodes(graph.graph_module, module=arch.shared_expert)}
     assert hand and hand <= on_side, sorted(hand - on_side)
     routed = [n.name for n in graph.graph_module.graph.nodes if n.target is aten.topk.default]
     assert routed and not set(routed) & on_side
 
 
+def test_auto_streams_roles_share_one_side_stream_at_two_streams() -> None:
+    _, graph, decision = _auto_on("deepseek_v3", min_gain=0.5, max_streams=2)
+    assert "on auto_side" in decision.pattern and decision.streams_used == 2
+    assert set(graph.streams.side_streams) == {"auto_side"}
+
+
 def test_auto_streams_finds_no_shared_expert_where_there_is_none() -> None:
     _, _, decision = _auto_on("mixtral", min_gain=0.5)
-    assert decision.pattern == "" and decision.declined == ""
+    assert "shared expert" not in decision.pattern + decision.declined
+
+
+def _module_nodes(gm: torch.fx.GraphModule, module: str) -> set[torch.fx.Node]:
+    return set(passes.select_nodes(gm, module=module))
+
+
+def test_parallel_projections_find_mla_query_and_key_value_paths() -> None:
+    """DeepSeek MLA: the query and the key/value down-projections read one normalized input;
+    the kv path (its projection, split, norm, RoPE and cache write) is one branch and the query
+    path (its down-projection, norm and up-projection) the other, found without module names."""
+    from airstream.passes.auto.patterns import parallel_projections
+    from airstream.selftest.models import ARCHS, _inputs
+
+    store: dict[str, Any] = {}
+    model = ARCHS["deepseek_v3"].build()
+    compiled, _ = compile_model(model, _config(_grab(store, lambda gm: gm)))
+    with torch.no_grad():
+        compiled(**_inputs(ARCHS["deepseek_v3"], 12))
+    gm = store["result"]
+    groups = parallel_projections(gm.graph.nodes, set())
+    kv_a = _module_nodes(gm, r"layers\.0\.self_attn\.kv_a_proj_with_mqa$")
+    q_a = _module_nodes(gm, r"layers\.0\.self_attn\.q_a_proj$")
+    kv_norm = _module_nodes(gm, r"layers\.0\.self_attn\.kv_a_layernorm$")
+    q_b = _module_nodes(gm, r"layers\.0\.self_attn\.q_b_proj$")
+    mla = [g for g in groups if any(kv_a & set(b) for b in g.branches)]
+    assert len(mla) == 1, [len(g.branches) for g in groups]
+    (kv_branch,) = [set(b) for b in mla[0].branches if kv_a & set(b)]
+    (q_branch,) = [set(b) for b in mla[0].branches if q_a & set(b)]
+    mm = {aten.mm.default, aten.addmm.default}
+    assert {n for n in kv_a | kv_norm if n.target in mm or n.target is aten.rsqrt.default} <= (
+        kv_branch
+    )
+    assert {n for n in q_b if n.target in mm} <= q_branch
+    assert not kv_branch & q_branch
+    assert not any(n.target is aten.bmm.default for n in kv_branch | q_branch)  # the join stays
+
+
+def test_parallel_projections_find_qkv_and_gate_up() -> None:
+    from airstream.passes.auto.patterns import parallel_projections
+    from airstream.selftest.models import ARCHS, _inputs
+
+    store: dict[str, Any] = {}
+    model = ARCHS["llama"].build()
+    compiled, _ = compile_model(model, _config(_grab(store, lambda gm: gm)))
+    with torch.no_grad():
+        compiled(**_inputs(ARCHS["llama"], 12))
+    gm = store["result"]
+    groups = parallel_projections(gm.graph.nodes, set())
+    layers = model.config.num_hidden_layers
+    assert sorted(len(g.branches) for g in groups) == [2] * layers + [3] * layers
+    for group in groups:
+        assert group.tokens == 12  # batch 1 x 12 positions
+        for branch in group.branches:
+            assert not any(n.target is aten.copy_.default for n in branch)
+
+
+def test_auto_streams_decides_with_the_machines_figures() -> None:
+    """The same graph: placed where work overlaps on two streams, kept single-stream where two
+    streams take as long as one after the other."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from airstream.calibration import NOMINAL
+
+    def projections(x: torch.Tensor, wq: torch.Tensor, wkv: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.rms_norm(x, (512,))
+        q = torch.nn.functional.rms_norm(h @ wq, (512,)) @ wq
+        kv = torch.nn.functional.rms_norm(h @ wkv, (512,)) @ wkv
+        return q.sum() + kv.sum()
+
+    args = (torch.randn(4, 512), torch.randn(512, 512), torch.randn(512, 512))
+    decisions = {}
+    for name, slowdown in (("pays", 1.0), ("shares", 2.0)):
+        gm = make_fx(projections, tracing_mode="fake")(*args)
+        costs = dataclasses.replace(
+            NOMINAL, overlap_slowdown=slowdown, side_stream_seconds=5e-6, source=name
+        )
+        passes.auto_streams(costs=costs)(gm, [], None)
+        decisions[name] = gm.meta["airstream_auto_streams"]
+    assert decisions["pays"].applied and "parallel projections x1 of 1" in decisions["pays"].pattern
+    assert not decisions["shares"].applied and "(gain 0.97x, shares costs)" in str(
+        decisions["shares"]
+    )
+    assert (
+        "kept single stream; parallel projections x1 of 1 on auto_proj not placed: predicted"
+        in (str(decisions["shares"]))
+    )
 
 
 def test_auto_streams_declines_a_shared_expert_past_the_token_limit_and_says_why() -> None:

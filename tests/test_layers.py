@@ -17,6 +17,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         frozenset(
             {
                 "errors",
+                "calibration",
                 "torch_internals",
                 "options",
                 "config",

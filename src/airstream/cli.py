@@ -130,7 +130,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
     from airstream.doctor import collect, format_report
 
-    report = collect()
+    report = collect(recalibrate=args.recalibrate)
     print(json.dumps(report.as_dict(), indent=2) if args.json else format_report(report), end="")
     return 0 if report.healthy else 1
 
@@ -238,11 +238,17 @@ def build_parser() -> argparse.ArgumentParser:
         "bug report needs and what each optional part requires",
         description="Print the versions of airstream, torch and Python, whether this torch is "
         "supported and has every private API airstream uses, the CPU's cores, threads and OpenMP "
-        "runtime, and each optional part (CUDA, Triton, a C++ compiler for max-autotune, Graphviz, "
+        "runtime, the stream costs measured on this machine that auto_streams decides with, and "
+        "each optional part (CUDA, Triton, a C++ compiler for max-autotune, Graphviz, "
         "torch.distributed, the test tools) with what stops working without it and how to "
         "install it. Exit status 1 when airstream's core cannot work on this torch.",
     )
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.add_argument(
+        "--recalibrate",
+        action="store_true",
+        help="measure the stream costs auto_streams decides with again (about 5 s) and cache them",
+    )
     doctor.set_defaults(func=_doctor)
 
     run = sub.add_parser("run", help="run a script; --torchair: an unmodified TorchAir script")

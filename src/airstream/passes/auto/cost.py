@@ -1,7 +1,8 @@
 """Cost models for automatic stream assignment: seconds per node.
 
 ``flops``: torch's flop counter formulas (``torch.utils.flop_counter``) on the node's metadata,
-plus a bytes term for memory traffic and a fixed dispatch cost, at nominal CPU rates. ``profile``:
+plus a bytes term for memory traffic and a fixed dispatch cost, at one machine's rates
+(``airstream.calibration``: measured on this machine, or nominal). ``profile``:
 each node run a few times on random inputs of its example shapes at compile time (fastest run,
 1 intra-op thread). Only pure nodes are run (``airstream.effects``): a random op, a write, a
 collective or an air op gets its ``flops`` estimate instead, and the inputs are drawn from a
@@ -22,17 +23,13 @@ from typing import Any
 import torch
 import torch.fx
 
+from airstream.calibration import NOMINAL, MachineCosts
 from airstream.effects import effects
 from airstream.torch_internals import flop_formula, size_hint
 
 __all__ = ["CostModel", "flops_cost", "hinted", "profile_cost"]
 
-CostModel = Callable[[torch.fx.Node], float]
-
-# Nominal rates of one CPU core (the figures only need to rank work, not predict time exactly).
-FLOPS_PER_SECOND = 40e9
-BYTES_PER_SECOND = 8e9
-DISPATCH_SECONDS = 3e-6
+CostModel = Callable[[torch.fx.Node, MachineCosts], float]
 
 
 def _symbolic(value: torch.Tensor) -> bool:
@@ -67,13 +64,14 @@ def _val(arg: Any) -> Any:
     return hinted(arg.meta.get("val")) if isinstance(arg, torch.fx.Node) else hinted(arg)
 
 
-def flops_cost(node: torch.fx.Node) -> float:
-    """Estimated seconds for ``node``: flops + bytes moved + dispatch (views: dispatch only)."""
+def flops_cost(node: torch.fx.Node, costs: MachineCosts = NOMINAL) -> float:
+    """Estimated seconds for ``node`` at ``costs``' rates: flops + bytes moved + dispatch
+    (views: dispatch only)."""
     if node.op != "call_function":
         return 0.0
     target = node.target
     if effects(node).view:  # metadata only (t, view, expand, ...): no traffic
-        return DISPATCH_SECONDS
+        return costs.dispatch_seconds
     flops = 0
     formula = flop_formula(target)
     if formula is not None:
@@ -84,7 +82,7 @@ def flops_cost(node: torch.fx.Node) -> float:
         except Exception:  # a formula that cannot read these shapes: count bytes only
             flops = 0
     moved = _bytes(node.meta.get("val")) + sum(_bytes(_val(a)) for a in node.all_input_nodes)
-    return DISPATCH_SECONDS + flops / FLOPS_PER_SECOND + moved / BYTES_PER_SECOND
+    return costs.dispatch_seconds + flops / costs.flops_per_second + moved / costs.bytes_per_second
 
 
 def _materialize(value: Any, generator: torch.Generator) -> Any:
@@ -102,14 +100,14 @@ def _materialize(value: Any, generator: torch.Generator) -> Any:
     return value
 
 
-def profile_cost(node: torch.fx.Node, repeats: int = 5) -> float:
+def profile_cost(node: torch.fx.Node, costs: MachineCosts = NOMINAL, repeats: int = 5) -> float:
     """Fastest of ``repeats`` runs of ``node`` (after one warm-up) on random inputs of its example
     shapes, with 1 intra-op thread as stream workers run; falls back to :func:`flops_cost` for
     nodes that cannot run that way and for nodes with effects beyond their result."""
     if node.op != "call_function" or not callable(node.target):
         return 0.0
     if not effects(node).pure:
-        return flops_cost(node)
+        return flops_cost(node, costs)
     threads = torch.get_num_threads()
     generator = torch.Generator().manual_seed(0)
     target: Callable[..., Any] = node.target
@@ -126,6 +124,6 @@ def profile_cost(node: torch.fx.Node, repeats: int = 5) -> float:
                 samples.append(time.perf_counter() - start)
         return min(samples)
     except Exception:
-        return flops_cost(node)
+        return flops_cost(node, costs)
     finally:
         torch.set_num_threads(threads)

@@ -10,7 +10,13 @@ holds a matrix multiply (real work, not a bias) and none of it depends on the ro
 consumers inside the cone (Qwen2-MoE's sigmoid gate times the shared output) come along; the
 merge itself stays on the main stream. Module names are not read.
 
-One role is one stream label reused across layers (``auto_shared``), never a stream per layer.
+**Parallel projections** (AutoDeploy's attention and GEMM forks): two or more linear layers
+(a matrix multiply by a graph input or constant) reading one value. Each linear's branch is what
+only it leads to, up to where the paths join: DeepSeek MLA's key/value path (its projection,
+split, norm, RoPE and cache write) beside the query path, K or V beside Q, an MLP's up
+projection beside its gate. One branch of a group may move to a side stream.
+
+One role is one stream label reused across layers, never a stream per layer.
 """
 
 from __future__ import annotations
@@ -20,9 +26,10 @@ from collections.abc import Iterable
 import torch
 import torch.fx
 
+from airstream.effects import effects
 from airstream.passes.auto.cost import hinted
 
-__all__ = ["SharedExpert", "shared_experts"]
+__all__ = ["Projections", "SharedExpert", "parallel_projections", "shared_experts"]
 
 aten = torch.ops.aten
 _MATMULS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default})
@@ -107,3 +114,72 @@ def _branch_beside(
                 continue
             return cone
     return None
+
+
+# --- parallel projections ------------------------------------------------------------------------
+
+
+class Projections:
+    """Linear layers reading one value (Q/K/V; MLA's query and key/value down-projections;
+    an MLP's gate and up projections): for each linear, the branch that only it leads to
+    (itself and every op after it that no other linear of the group reaches: the RoPE, norm,
+    split and cache write of that path), up to the join where the paths meet. Moving one branch
+    to a side stream overlaps it with the others."""
+
+    def __init__(self, source: torch.fx.Node, branches: list[list[torch.fx.Node]], tokens: int):
+        self.source = source
+        self.branches = branches
+        self.tokens = tokens
+
+
+def _strip_views(node: torch.fx.Node) -> torch.fx.Node:
+    while node.op == "call_function" and effects(node).view and node.all_input_nodes:
+        node = node.all_input_nodes[0]
+    return node
+
+
+def _linear_input(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The activation a linear layer reads (views stripped), if ``node`` is one: a matrix
+    multiply whose other operand is a weight (a graph input or constant, through views)."""
+    if node.target is aten.mm.default:
+        activation, weight = node.args[0], node.args[1]
+    elif node.target is aten.addmm.default:
+        activation, weight = node.args[1], node.args[2]
+    else:
+        return None
+    if not isinstance(activation, torch.fx.Node) or not isinstance(weight, torch.fx.Node):
+        return None
+    if _strip_views(weight).op not in ("placeholder", "get_attr"):
+        return None
+    return _strip_views(activation)
+
+
+def parallel_projections(
+    nodes: Iterable[torch.fx.Node], taken: set[torch.fx.Node]
+) -> list[Projections]:
+    """Every group of two or more linears reading one value, outside ``taken`` (nodes another
+    role placed), each with its own branch; in graph order. A branch holds no mutation (those
+    stay in place on the main stream) and nothing after one."""
+    calls = [n for n in nodes if n.op == "call_function"]
+    order = {n: i for i, n in enumerate(calls)}
+    groups: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for node in calls:
+        source = _linear_input(node) if node not in taken else None
+        if source is not None:
+            groups.setdefault(source, []).append(node)
+    found: list[Projections] = []
+    for source, linears in groups.items():
+        if len(linears) < 2:
+            continue
+        reach = {linear: _reach(linear, forward=True) | {linear} for linear in linears}
+        branches = []
+        for linear in linears:
+            others = set().union(*(reach[o] for o in linears if o is not linear))
+            branch = {n for n in reach[linear] - others if n in order and n not in taken}
+            blocked = {n for n in branch if effects(n).mutates}
+            for n in list(blocked):
+                blocked |= _reach(n, forward=True)
+            branch -= blocked
+            branches.append(sorted(branch, key=order.__getitem__))
+        found.append(Projections(source, branches, _rows(linears[0])))
+    return sorted(found, key=lambda g: order[g.branches[0][0]] if g.branches[0] else 0)

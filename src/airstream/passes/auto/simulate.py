@@ -1,0 +1,166 @@
+"""Predicted time of a graph on streams: list scheduling and the simulation of a fixed plan.
+
+Both use one machine's figures (:class:`airstream.calibration.MachineCosts`): an input from
+another stream costs ``sync_seconds``, and an op's work (its cost beyond dispatch) takes
+``overlap_slowdown`` times longer for the part of it that runs while another stream works (two
+streams share the cores and the memory bandwidth). The side streams' fixed per-call cost is added
+by the caller, once per stream used.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+import torch
+import torch.fx
+
+from airstream.calibration import MachineCosts
+
+__all__ = ["makespan", "schedule"]
+
+Node = torch.fx.Node
+
+_aten = torch.ops.aten
+MATMULS = frozenset(
+    {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default}
+)
+
+
+def _upward_rank(nodes: Sequence[Node], cost: dict[Node, float]) -> dict[Node, float]:
+    """Longest cost path from each node to the end of the graph (HEFT's priority)."""
+    rank: dict[Node, float] = {}
+    members = set(nodes)
+    for node in reversed(nodes):
+        after = [rank[u] for u in node.users if u in members]
+        rank[node] = cost[node] + (max(after) if after else 0.0)
+    return rank
+
+
+def _rank_order(nodes: Sequence[Node], cost: dict[Node, float]) -> list[Node]:
+    """A topological order taking the ready node of highest upward rank first."""
+    members = set(nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    rank = _upward_rank(nodes, cost)
+    waiting = {n: sum(1 for a in n.all_input_nodes if a in members) for n in nodes}
+    ready = [n for n in nodes if waiting[n] == 0]
+    order: list[Node] = []
+    while ready:
+        ready.sort(key=lambda n: (-rank[n], index[n]))
+        node = ready.pop(0)
+        order.append(node)
+        for user in node.users:
+            if user in members:
+                waiting[user] -= 1
+                if waiting[user] == 0:
+                    ready.append(user)
+    return order
+
+
+def _times(
+    order: Sequence[Node], cost: dict[Node, float], where: dict[Node, int], sync: float
+) -> dict[Node, tuple[float, float]]:
+    """Start and finish of each node, each stream running its nodes in ``order``."""
+    free: dict[int, float] = {}
+    times: dict[Node, tuple[float, float]] = {}
+    for node in order:
+        s = where.get(node, 0)
+        ready = free.get(s, 0.0)
+        for arg in node.all_input_nodes:
+            if arg in times:
+                ready = max(ready, times[arg][1] + (sync if where.get(arg, 0) != s else 0.0))
+        times[node] = (ready, ready + cost[node])
+        free[s] = ready + cost[node]
+    return times
+
+
+def _working(
+    busy: list[tuple[float, float, float]], starts: list[float], start: float, end: float
+) -> float:
+    """Time within ``[start, end]`` that a stream spends working: its nodes' ``(start, end,
+    share of the node that is work)``, sorted and disjoint (a stream runs one node at a time)."""
+    total = 0.0
+    i = max(bisect.bisect_right(starts, start) - 1, 0)
+    while i < len(busy) and busy[i][0] < end:
+        b_start, b_end, density = busy[i]
+        total += max(0.0, min(end, b_end) - max(start, b_start)) * density
+        i += 1
+    return total
+
+
+def _slowed(
+    cost: dict[Node, float],
+    where: dict[Node, int],
+    times: dict[Node, tuple[float, float]],
+    costs: MachineCosts,
+) -> dict[Node, float]:
+    """Costs with each matrix multiply's work stretched by the overlap slowdown, for the share of
+    its time that another stream spends multiplying matrices (not dispatching) beside it: the
+    slowdown is measured on two matrix multiplies (streaming weights: memory bandwidth), and other
+    ops at decode sizes are dominated by dispatch, which two streams do side by side."""
+    work = {
+        n: max(c - costs.dispatch_seconds, 0.0) if n.target in MATMULS else 0.0
+        for n, c in cost.items()
+    }
+    busy: dict[int, list[tuple[float, float, float]]] = {}
+    for node, (start, end) in times.items():
+        if work[node] > 0 and end > start:
+            busy.setdefault(where.get(node, 0), []).append((start, end, work[node] / cost[node]))
+    for intervals in busy.values():
+        intervals.sort()
+    starts = {s: [iv[0] for iv in ivs] for s, ivs in busy.items()}
+    slowed = dict(cost)
+    for node, (start, end) in times.items():
+        if work[node] <= 0 or end <= start:
+            continue
+        mine = where.get(node, 0)
+        beside = sum(_working(ivs, starts[s], start, end) for s, ivs in busy.items() if s != mine)
+        fraction = min(beside / (end - start), 1.0)
+        slowed[node] = cost[node] + work[node] * (costs.overlap_slowdown - 1.0) * fraction
+    return slowed
+
+
+def makespan(
+    order: Sequence[Node], cost: dict[Node, float], where: dict[Node, int], costs: MachineCosts
+) -> float:
+    """Predicted time of ``order`` with a fixed assignment (node -> stream; missing: main), each
+    stream running its nodes in ``order``."""
+    times = _times(order, cost, where, costs.sync_seconds)
+    if costs.overlap_slowdown > 1.0 and len({where.get(n, 0) for n in order}) > 1:
+        for _ in range(2):  # the stretched plan overlaps differently: settle once more
+            times = _times(order, _slowed(cost, where, times, costs), where, costs.sync_seconds)
+    return max((t[1] for t in times.values()), default=0.0)
+
+
+def schedule(
+    nodes: Sequence[Node],
+    cost: dict[Node, float],
+    max_streams: int,
+    costs: MachineCosts,
+    by_rank: bool = False,
+) -> tuple[dict[Node, int], dict[Node, float]]:
+    """List scheduling: each node, when ready, to the stream finishing it first.
+
+    ``by_rank``: nodes are taken in order of upward rank (HEFT), else in graph order. Returns
+    node -> stream (0 = main) and node -> predicted start; :func:`makespan` of the nodes in
+    order of start is the prediction (each stream runs its nodes in that order)."""
+    order = _rank_order(nodes, cost) if by_rank else list(nodes)
+    free = [0.0] * max_streams
+    finish: dict[Node, float] = {}
+    start: dict[Node, float] = {}
+    where: dict[Node, int] = {}
+    for node in order:
+        best: tuple[float, float, int] | None = None
+        for s in range(max_streams):
+            ready_at = free[s]
+            for arg in node.all_input_nodes:
+                if arg in finish:
+                    sync = costs.sync_seconds if where[arg] != s else 0.0
+                    ready_at = max(ready_at, finish[arg] + sync)
+            end = ready_at + cost[node]
+            if best is None or end < best[0] - 1e-12:
+                best = (end, ready_at, s)
+        assert best is not None
+        finish[node], start[node], where[node] = best
+        free[best[2]] = best[0]
+    return where, start

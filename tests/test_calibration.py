@@ -1,0 +1,122 @@
+"""Stream costs measured on this machine: measured once in a child process, cached per machine
+and torch version, shown by ``airstream doctor``, and used by ``auto_streams``."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from airstream import calibration
+from airstream.calibration import NOMINAL, MachineCosts, machine_costs
+from airstream.cli import main
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("AIRSTREAM_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("AIRSTREAM_COSTS", raising=False)
+    monkeypatch.setattr(calibration, "_memo", {})
+    monkeypatch.setattr(calibration, "_warned", set())
+    return tmp_path / "calibration.json"
+
+
+def test_measured_once_then_read_from_the_cache(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    costs = machine_costs()
+    assert costs.source.startswith("measured ")
+    assert 1e-7 < costs.dispatch_seconds < 1e-3
+    assert 1e-6 < costs.side_stream_seconds < 1e-2  # a real handoff to a worker thread
+    assert 1.0 <= costs.overlap_slowdown <= 2.0
+    assert costs.bytes_per_second > 1e8 and costs.flops_per_second > 1e8
+    entries = json.loads(cache.read_text())
+    (entry,) = entries.values()
+    assert entry["identity"]["torch"] == torch.__version__
+    assert entry["identity"]["intra_op_threads"] == torch.get_num_threads()
+    assert MachineCosts(**entry["costs"]) == costs
+
+    def no_measuring(threads: int) -> MachineCosts:
+        raise AssertionError("measured again although cached")
+
+    monkeypatch.setattr(calibration, "_measure_in_child", no_measuring)
+    monkeypatch.setattr(calibration, "_memo", {})  # a new process: only the file remains
+    assert machine_costs() == costs
+
+
+def test_another_torch_or_thread_count_is_measured_anew(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    measured: list[int] = []
+
+    def fake(threads: int) -> MachineCosts:
+        measured.append(threads)
+        return MachineCosts(1e-6, 1e10, 1e11, 5e-5, 2e-5, 1.5, f"measured fake {threads}")
+
+    monkeypatch.setattr(calibration, "_measure_in_child", fake)
+    first = machine_costs()
+    assert machine_costs() is first and len(measured) == 1
+    monkeypatch.setattr(torch, "__version__", "9.9.9")
+    machine_costs()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        machine_costs()
+    finally:
+        torch.set_num_threads(threads)
+    assert len(measured) == 3 and len(json.loads(cache.read_text())) == 3
+    machine_costs(recalibrate=True)
+    assert len(measured) == 4
+
+
+def test_a_failed_measurement_warns_once_and_uses_nominal_figures(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(threads: int) -> MachineCosts:
+        raise RuntimeError("the calibration process failed: ImportError: no module")
+
+    monkeypatch.setattr(calibration, "_measure_in_child", broken)
+    with pytest.warns(UserWarning, match="could not measure stream costs on this machine"):
+        assert machine_costs() is NOMINAL
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert machine_costs() is NOMINAL  # once per process, not per compile
+
+
+def test_modes(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert machine_costs("nominal") is NOMINAL
+    monkeypatch.setenv("AIRSTREAM_COSTS", "nominal")
+    assert machine_costs() is NOMINAL
+    with pytest.raises(ValueError, match="must be 'measured' or 'nominal', got 'fast'"):
+        machine_costs("fast")
+    from airstream import passes
+
+    with pytest.raises(ValueError, match="auto_streams: costs must be 'measured', 'nominal'"):
+        passes.auto_streams(costs="fast")
+
+
+def test_doctor_shows_the_figures_and_recalibrates(
+    cache: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls: list[int] = []
+
+    def fake(threads: int) -> MachineCosts:
+        calls.append(threads)
+        return MachineCosts(4e-6, 1.1e10, 1.9e11, 7.5e-5, 3.5e-5, 1.62, "measured 2026-11-30")
+
+    monkeypatch.setattr(calibration, "_measure_in_child", fake)
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "stream costs (what auto_streams decides with)" in out
+    assert f"measured 2026-11-30 on this machine, cached in {cache}" in out
+    assert "75 us per call (handoff and join), 35 us per further wait" in out
+    assert "a matrix multiply beside another stream's takes 1.62x its time alone" in out
+    assert main(["doctor", "--recalibrate", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["stream_costs"]["overlap_slowdown"] == 1.62 and len(calls) == 2
+    monkeypatch.setenv("AIRSTREAM_COSTS", "nominal")
+    assert main(["doctor"]) == 0
+    assert "fixed nominal figures (AIRSTREAM_COSTS=nominal)" in capsys.readouterr().out
