@@ -10,10 +10,12 @@ these figures (:class:`MachineCosts`):
   multiply at the process's intra-op threads;
 - ``side_stream_seconds``: what one side stream adds to a call (handoff to its worker, join);
 - ``sync_seconds``: each further cross-stream wait;
-- ``overlap_slowdown``: how much longer a matrix multiply takes while another stream runs one
-  beside it, over its time alone at the default intra-op threads. 1.0: they overlap perfectly;
-  2.0: two take as long as one after the other (they share the memory bandwidth). Other ops at
-  decode sizes are dominated by dispatch, which two streams do side by side.
+- how much longer work takes beside another stream's, over its time alone at the default
+  intra-op threads (1.0: they overlap perfectly; 2.0: two take as long as one after the other):
+  ``overlap_slowdown`` for a matrix multiply beside another (they share the memory bandwidth),
+  ``mixed_slowdown`` for one beside small ops (host work: dispatch, Python; 1.0 with a core for
+  each, 2.0 on one core: from the usable cores), ``host_slowdown`` for small ops beside small
+  ops (they share the GIL).
 
 They are measured once (``airstream.bench.calibrate``, about 5 s, in a child process, so a compile
 in progress is not disturbed and the measurement sees a quiet process), at first use, and cached
@@ -57,21 +59,20 @@ class MachineCosts:
     side_stream_seconds: float
     sync_seconds: float
     overlap_slowdown: float
+    mixed_slowdown: float
+    host_slowdown: float
     source: str  # "nominal", or "measured <UTC time>"
 
     def summary(self) -> str:
         """One line: the figures in words."""
-        pays = (
-            "two can overlap"
-            if self.overlap_slowdown < 1.9
-            else "two cannot overlap: they share the memory bandwidth"
-        )
         return (
             f"{self.source}: handoff {self.side_stream_seconds * 1e6:.0f} us per side stream per "
             f"call, {self.sync_seconds * 1e6:.0f} us per wait, {self.dispatch_seconds * 1e6:.1f} "
             f"us per small op, {self.bytes_per_second / 1e9:.1f} GB/s, "
-            f"{self.flops_per_second / 1e9:.0f} GFLOP/s; a matrix multiply beside another "
-            f"stream's takes {self.overlap_slowdown:.2f}x its time alone ({pays})"
+            f"{self.flops_per_second / 1e9:.0f} GFLOP/s; beside another stream a matrix "
+            f"multiply takes {self.overlap_slowdown:.2f}x its time alone next to a matrix "
+            f"multiply, {self.mixed_slowdown:.2f}x next to small ops, and small ops next to "
+            f"small ops {self.host_slowdown:.2f}x"
         )
 
 
@@ -83,6 +84,8 @@ NOMINAL = MachineCosts(
     side_stream_seconds=80e-6,
     sync_seconds=30e-6,
     overlap_slowdown=1.0,
+    mixed_slowdown=1.0,
+    host_slowdown=1.0,
     source="nominal",
 )
 

@@ -9,7 +9,6 @@ what stops working without it and how to install it.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata
 import importlib.util
 import os
@@ -24,6 +23,7 @@ from typing import Any
 import torch
 
 from airstream import torch_internals
+from airstream.bench.calibrate import costs_lines, costs_report
 
 __all__ = ["Part", "Report", "collect", "format_report"]
 
@@ -284,20 +284,6 @@ def _test_tools() -> Part:
     return Part("test tools", True, text, "running airstream's tests")
 
 
-def _stream_costs(recalibrate: bool) -> dict[str, Any]:
-    """The figures auto_streams decides with here (``airstream.calibration``)."""
-    from airstream.calibration import cache_path, machine_costs
-
-    mode = os.environ.get("AIRSTREAM_COSTS") or "measured"
-    costs = machine_costs(mode if mode == "nominal" else "measured", recalibrate=recalibrate)
-    return {
-        **dataclasses.asdict(costs),
-        "summary": costs.summary(),
-        "mode": mode,
-        "cache": str(cache_path()),
-    }
-
-
 def collect(recalibrate: bool = False) -> Report:
     """Everything ``airstream doctor`` reports; ``recalibrate``: measure the stream costs anew."""
     results = torch_internals.probe_all()
@@ -320,33 +306,8 @@ def collect(recalibrate: bool = False) -> Report:
         feature_count=len(results),
         cpu=_cpu(),
         parts=[_cuda(), _triton(), _cpp_compiler(), _graphviz(), _distributed(), _test_tools()],
-        stream_costs=_stream_costs(recalibrate),
+        stream_costs=costs_report(recalibrate),
     )
-
-
-def _cost_lines(costs: dict[str, Any]) -> list[str]:
-    if not costs:
-        return ["  not collected"]
-    if costs["source"] == "nominal":
-        origin = (
-            "fixed nominal figures (AIRSTREAM_COSTS=nominal)"
-            if costs["mode"] == "nominal"
-            else "fixed nominal figures: measuring failed (see the warning above)"
-        )
-    else:
-        origin = f"{costs['source']} on this machine, cached in {costs['cache']}"
-    slowdown = costs["overlap_slowdown"]
-    return [
-        f"  {'figures':<18}{origin}",
-        f"  {'side stream':<18}{costs['side_stream_seconds'] * 1e6:.0f} us per call (handoff "
-        f"and join), {costs['sync_seconds'] * 1e6:.0f} us per further wait",
-        f"  {'op':<18}{costs['dispatch_seconds'] * 1e6:.1f} us dispatch, "
-        f"{costs['bytes_per_second'] / 1e9:.1f} GB/s, {costs['flops_per_second'] / 1e9:.0f} "
-        "GFLOP/s at the default intra-op threads",
-        f"  {'overlap':<18}a matrix multiply beside another stream's takes {slowdown:.2f}x its "
-        "time alone (1.0: streams overlap fully; 2.0: they share the memory bandwidth, no gain)",
-        f"  {'':<18}measure again: airstream doctor --recalibrate",
-    ]
 
 
 def format_report(report: Report) -> str:
@@ -385,7 +346,7 @@ def format_report(report: Report) -> str:
         + f" (default: {cpu['openmp_default_wait']})",
         "",
         "stream costs (what auto_streams decides with)",
-        *_cost_lines(report.stream_costs),
+        *costs_lines(report.stream_costs),
         "",
         "optional parts",
     ]

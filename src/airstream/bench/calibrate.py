@@ -10,21 +10,24 @@ runner settled first so that it does not pay for the state the previous one left
   flops/s: 256 x 512 by 512 x 512;
 - side stream and wait: a chain of small ops run by airstream's CPU runtime on one stream and with
   every other op on a side stream (2 and 10 hops: the difference per extra wait is the sync cost);
-- overlap slowdown: two 8 x 2048 by 2048 x 2048 products by the runtime on one stream and on two.
+- overlap slowdowns, each by the runtime on one stream and on two: two 8 x 2048 by 2048 x 2048
+  products (``overlap_slowdown``), two chains of small ops as long as one product
+  (``host_slowdown``); a product beside small ops (``mixed_slowdown``) from the usable cores.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from typing import Any
 
 import torch
 
-from airstream.calibration import MachineCosts
+from airstream.calibration import MachineCosts, cache_path, machine_costs
 
-__all__ = ["main", "measure"]
+__all__ = ["costs_lines", "costs_report", "main", "measure"]
 
 
 def _medians(calls: int, rounds: int = 9, **runners: Any) -> list[float]:
@@ -71,6 +74,16 @@ def _pair(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> Any:
     return torch.mm(x, w1), torch.mm(x, w2)
 
 
+def _chain_beside_chain(hops: int) -> Any:
+    def fn(a: torch.Tensor, b: torch.Tensor) -> Any:
+        for _ in range(hops):
+            a = a + 1
+            b = b * 2
+        return a, b
+
+    return fn
+
+
 def _muls(calls: list[Any]) -> list[Any]:
     return [n for n in calls if n.target is torch.ops.aten.mul.Tensor]
 
@@ -103,6 +116,7 @@ def measure() -> MachineCosts:
     x16 = [torch.randn(16, generator=generator)]
     one, one_side, many, many_side = _medians(
         100,
+        rounds=15,
         one=_runner(_chain(2), x16, None),
         one_side=_runner(_chain(2), x16, _muls),
         many=_runner(_chain(10), x16, None),
@@ -120,6 +134,23 @@ def measure() -> MachineCosts:
         parallel=_runner(_pair, pair_inputs, _second_mm),
     )
     slowdown = max(parallel - handoff, 1e-9) / max(serial / 2, 1e-9)
+
+    # Small ops beside small ops: two chains of them, as long as one product. (A product beside
+    # such a chain is not timed: the chain holds the GIL, and how long the product's thread then
+    # waits to get it back, up to the 5 ms switch interval, varied from 1.02x to 1.79x between
+    # runs on one VM. It is taken from the cores instead: beside work on another core, 1.0; on a
+    # machine with one core the two share it, 2.0.)
+    hops = max(int((serial / 2) / max(dispatch, 1e-7)), 10)
+    host_inputs = [torch.randn(16, generator=generator), torch.randn(16, generator=generator)]
+    chains_alone, chains = _medians(
+        4,
+        rounds=15,
+        chains_alone=_runner(_chain_beside_chain(hops), host_inputs, None),
+        chains=_runner(_chain_beside_chain(hops), host_inputs, _muls),
+    )
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    mixed_slowdown = 2.0 / max(usable or 1, 1)
+    host_slowdown = (chains - handoff) / max(chains_alone / 2, 1e-9)
     return MachineCosts(
         dispatch_seconds=dispatch,
         bytes_per_second=moved / max(gemv - dispatch, 1e-9),
@@ -127,6 +158,8 @@ def measure() -> MachineCosts:
         side_stream_seconds=handoff,
         sync_seconds=sync,
         overlap_slowdown=min(max(slowdown, 1.0), 2.0),
+        mixed_slowdown=min(max(mixed_slowdown, 1.0), 2.0),
+        host_slowdown=min(max(host_slowdown, 1.0), 2.0),
         source=f"measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
     )
 
@@ -140,3 +173,43 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(args.threads)
     print(json.dumps(dataclasses.asdict(measure())))
     return 0
+
+
+def costs_report(recalibrate: bool = False) -> dict[str, Any]:
+    """The figures auto_streams decides with here, for ``airstream doctor``."""
+    mode = os.environ.get("AIRSTREAM_COSTS") or "measured"
+    costs = machine_costs(mode if mode == "nominal" else "measured", recalibrate=recalibrate)
+    return {
+        **dataclasses.asdict(costs),
+        "summary": costs.summary(),
+        "mode": mode,
+        "cache": str(cache_path()),
+    }
+
+
+def costs_lines(costs: dict[str, Any]) -> list[str]:
+    """``airstream doctor``'s lines for :func:`costs_report`."""
+    if not costs:
+        return ["  not collected"]
+    if costs["source"] == "nominal":
+        origin = (
+            "fixed nominal figures (AIRSTREAM_COSTS=nominal)"
+            if costs["mode"] == "nominal"
+            else "fixed nominal figures: measuring failed (see the warning above)"
+        )
+    else:
+        origin = f"{costs['source']} on this machine, cached in {costs['cache']}"
+    return [
+        f"  {'figures':<18}{origin}",
+        f"  {'side stream':<18}{costs['side_stream_seconds'] * 1e6:.0f} us per call (handoff "
+        f"and join), {costs['sync_seconds'] * 1e6:.0f} us per further wait",
+        f"  {'op':<18}{costs['dispatch_seconds'] * 1e6:.1f} us dispatch, "
+        f"{costs['bytes_per_second'] / 1e9:.1f} GB/s, {costs['flops_per_second'] / 1e9:.0f} "
+        "GFLOP/s at the default intra-op threads",
+        f"  {'overlap':<18}beside another stream's work, over the time alone (1.0: streams "
+        "overlap fully; 2.0: no gain): a",
+        f"  {'':<18}matrix multiply {costs['overlap_slowdown']:.2f}x beside a matrix multiply, "
+        f"{costs['mixed_slowdown']:.2f}x beside small ops;",
+        f"  {'':<18}small ops {costs['host_slowdown']:.2f}x beside small ops (they share the GIL)",
+        f"  {'':<18}measure again: airstream doctor --recalibrate",
+    ]

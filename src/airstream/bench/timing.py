@@ -85,8 +85,9 @@ def checked_medians(
 
 def run_conditions(rounds: int, calls: int) -> dict[str, Any]:
     """The fields every benchmark report carries: the machine, torch, and how it was timed."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
-        "cores": os.cpu_count(),
+        "cores": usable,  # the cores this process may run on (taskset, cgroups), not the machine's
         "torch": torch.__version__,
         "rounds": rounds,
         "calls_per_round": calls,

@@ -118,7 +118,7 @@ def _order_matters(node: torch.fx.Node) -> bool:
 def auto_streams(
     max_streams: int = 2,
     cost_model: str = "flops",
-    min_gain: float = 1.1,
+    min_gain: float = 1.05,
     max_tokens: int = 256,
     costs: str | MachineCosts | None = None,
 ) -> Any:
@@ -151,13 +151,24 @@ def auto_streams(
         figures = costs if isinstance(costs, MachineCosts) else machine_costs(costs)
         cost = {n: (0.0 if _pinned(n) else model(n, figures)) for n in calls}
         single = sum(cost.values())
-        declined = ""
         roles = find_roles(calls) if max_streams > 1 else []
-        if roles:
-            placed = place_roles(calls, cost, roles, figures, max_streams, max_tokens)
-            declined = placed.declined(max_tokens)
+        placed = place_roles(calls, cost, roles, figures, max_streams, max_tokens)
+        declined = placed.declined(max_tokens)
+        # The list schedule, for comparison: reordering is safe unless order itself carries
+        # meaning (mutation and RNG order).
+        movable = not any(_order_matters(n) for n in calls)
+        where, start = schedule(calls, cost, max_streams, figures, by_rank=movable)
+        for node in calls:  # pinned nodes follow their producer (or main)
+            if _pinned(node):
+                producer = node.args[0] if node.target is operator.getitem else None
+                where[node] = where.get(producer, 0) if producer is not None else 0
+        used = sorted({s for s in where.values()})
+        runs = sorted(calls, key=lambda n: start[n]) if movable else calls
+        listed = makespan(runs, cost, where, figures) if len(used) > 1 else single
+        listed += figures.side_stream_seconds * (len(used) - 1)
+        if placed.placed and placed.predicted <= listed:
             gain = single / max(placed.predicted, 1e-12)
-            if placed.placed and gain >= min_gain:
+            if gain >= min_gain:
                 decision = AutoStreamsDecision(
                     single,
                     placed.predicted,
@@ -172,28 +183,17 @@ def auto_streams(
                 for index, label in placed.labels.items():
                     place_on_stream(gm, [n for n in calls if placed.where.get(n) == index], label)
                 return
-            if placed.placed:
-                why = f"not placed: predicted {gain:.2f}x < min_gain={min_gain}"
-                declined = f"{placed.describe()} {why}" + (f"; {declined}" if declined else "")
-        # Reordering is safe unless order itself carries meaning: mutation and RNG order.
-        movable = not any(_order_matters(n) for n in calls)
-        where, start = schedule(calls, cost, max_streams, figures, by_rank=movable)
-        for node in calls:  # pinned nodes follow their producer (or main)
-            if _pinned(node):
-                producer = node.args[0] if node.target is operator.getitem else None
-                where[node] = where.get(producer, 0) if producer is not None else 0
-        used = sorted({s for s in where.values()})
-        runs = sorted(calls, key=lambda n: start[n]) if movable else calls
-        predicted = makespan(runs, cost, where, figures)
-        predicted += figures.side_stream_seconds * (len(used) - 1)
-        applied = len(used) > 1 and single / max(predicted, 1e-12) >= min_gain
+            why = f"not placed: predicted {gain:.2f}x < min_gain={min_gain}"
+            declined = f"{placed.describe()} {why}" + (f"; {declined}" if declined else "")
+        elif placed.placed:
+            why = (
+                f"not placed: predicted {single / max(placed.predicted, 1e-12):.2f}x, the list "
+                f"schedule {single / max(listed, 1e-12):.2f}x"
+            )
+            declined = f"{placed.describe()} {why}" + (f"; {declined}" if declined else "")
+        applied = len(used) > 1 and single / max(listed, 1e-12) >= min_gain
         decision = AutoStreamsDecision(
-            single,
-            predicted if len(used) > 1 else single,
-            len(used),
-            applied,
-            declined=declined,
-            costs=figures.source,
+            single, listed, len(used), applied, declined=declined, costs=figures.source
         )
         gm.meta["airstream_auto_streams"] = decision
         log.info("%s", decision)

@@ -1,9 +1,9 @@
 """Predicted time of a graph on streams: list scheduling and the simulation of a fixed plan.
 
 Both use one machine's figures (:class:`airstream.calibration.MachineCosts`): an input from
-another stream costs ``sync_seconds``, and an op's work (its cost beyond dispatch) takes
-``overlap_slowdown`` times longer for the part of it that runs while another stream works (two
-streams share the cores and the memory bandwidth). The side streams' fixed per-call cost is added
+another stream costs ``sync_seconds``, and each node takes longer for the part of it that runs
+while another stream works beside it, by the measured slowdowns of matrix multiplies and host work
+(dispatch, small ops) beside each other. The side streams' fixed per-call cost is added
 by the caller, once per stream used.
 """
 
@@ -74,18 +74,21 @@ def _times(
     return times
 
 
-def _working(
+def _beside(
     busy: list[tuple[float, float, float]], starts: list[float], start: float, end: float
-) -> float:
-    """Time within ``[start, end]`` that a stream spends working: its nodes' ``(start, end,
-    share of the node that is work)``, sorted and disjoint (a stream runs one node at a time)."""
-    total = 0.0
+) -> tuple[float, float]:
+    """Time within ``[start, end]`` that a stream spends multiplying matrices and on host work
+    (dispatch, small ops), from its nodes' ``(start, end, matrix-multiply share)``, sorted and
+    disjoint (a stream runs one node at a time)."""
+    matmul = host = 0.0
     i = max(bisect.bisect_right(starts, start) - 1, 0)
     while i < len(busy) and busy[i][0] < end:
-        b_start, b_end, density = busy[i]
-        total += max(0.0, min(end, b_end) - max(start, b_start)) * density
+        b_start, b_end, share = busy[i]
+        overlap = max(0.0, min(end, b_end) - max(start, b_start))
+        matmul += overlap * share
+        host += overlap * (1.0 - share)
         i += 1
-    return total
+    return matmul, host
 
 
 def _slowed(
@@ -94,29 +97,42 @@ def _slowed(
     times: dict[Node, tuple[float, float]],
     costs: MachineCosts,
 ) -> dict[Node, float]:
-    """Costs with each matrix multiply's work stretched by the overlap slowdown, for the share of
-    its time that another stream spends multiplying matrices (not dispatching) beside it: the
-    slowdown is measured on two matrix multiplies (streaming weights: memory bandwidth), and other
-    ops at decode sizes are dominated by dispatch, which two streams do side by side."""
-    work = {
+    """Costs stretched for what other streams do beside each node. A node's time is matrix
+    multiply work (a matmul's cost beyond dispatch) and host work (the rest: dispatch, small ops);
+    each part is slowed by the measured slowdown for the share of time another stream spends on
+    each kind beside it: matmul beside matmul (memory bandwidth), matmul beside host work (on one
+    core: the core), host beside host (the GIL)."""
+    matmul = {
         n: max(c - costs.dispatch_seconds, 0.0) if n.target in MATMULS else 0.0
         for n, c in cost.items()
     }
     busy: dict[int, list[tuple[float, float, float]]] = {}
     for node, (start, end) in times.items():
-        if work[node] > 0 and end > start:
-            busy.setdefault(where.get(node, 0), []).append((start, end, work[node] / cost[node]))
+        if end > start:
+            share = matmul[node] / cost[node]
+            busy.setdefault(where.get(node, 0), []).append((start, end, share))
     for intervals in busy.values():
         intervals.sort()
     starts = {s: [iv[0] for iv in ivs] for s, ivs in busy.items()}
     slowed = dict(cost)
     for node, (start, end) in times.items():
-        if work[node] <= 0 or end <= start:
+        if end <= start:
             continue
         mine = where.get(node, 0)
-        beside = sum(_working(ivs, starts[s], start, end) for s, ivs in busy.items() if s != mine)
-        fraction = min(beside / (end - start), 1.0)
-        slowed[node] = cost[node] + work[node] * (costs.overlap_slowdown - 1.0) * fraction
+        m_beside = h_beside = 0.0
+        for s, ivs in busy.items():
+            if s != mine:
+                m, h = _beside(ivs, starts[s], start, end)
+                m_beside, h_beside = m_beside + m, h_beside + h
+        m_frac = min(m_beside / (end - start), 1.0)
+        h_frac = min(h_beside / (end - start), 1.0 - m_frac)
+        host = cost[node] - matmul[node]
+        slowed[node] = (
+            cost[node]
+            + matmul[node]
+            * ((costs.overlap_slowdown - 1.0) * m_frac + (costs.mixed_slowdown - 1.0) * h_frac)
+            + host * ((costs.mixed_slowdown - 1.0) * m_frac + (costs.host_slowdown - 1.0) * h_frac)
+        )
     return slowed
 
 
@@ -126,7 +142,8 @@ def makespan(
     """Predicted time of ``order`` with a fixed assignment (node -> stream; missing: main), each
     stream running its nodes in ``order``."""
     times = _times(order, cost, where, costs.sync_seconds)
-    if costs.overlap_slowdown > 1.0 and len({where.get(n, 0) for n in order}) > 1:
+    slowdowns = (costs.overlap_slowdown, costs.mixed_slowdown, costs.host_slowdown)
+    if max(slowdowns) > 1.0 and len({where.get(n, 0) for n in order}) > 1:
         for _ in range(2):  # the stretched plan overlaps differently: settle once more
             times = _times(order, _slowed(cost, where, times, costs), where, costs.sync_seconds)
     return max((t[1] for t in times.values()), default=0.0)
