@@ -17,7 +17,7 @@ these figures (:class:`MachineCosts`):
   each, 2.0 on one core: from the usable cores), ``host_slowdown`` for small ops beside small
   ops (they share the GIL).
 
-They are measured once (``airstream.bench.calibrate``, about 5 s, in a child process, so a compile
+They are measured once (``airstream.bench.calibrate``, 5-10 s, in a child process, so a compile
 in progress is not disturbed and the measurement sees a quiet process), at first use, and cached
 in ``calibration.json`` under ``$AIRSTREAM_CACHE_DIR`` (default ``$XDG_CACHE_HOME/airstream``,
 else ``~/.cache/airstream``), keyed by host, CPU, usable cores, intra-op threads, the OpenMP

@@ -247,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument(
         "--recalibrate",
         action="store_true",
-        help="measure the stream costs auto_streams decides with again (about 5 s) and cache them",
+        help="measure the stream costs auto_streams decides with again (5-10 s) and cache them",
     )
     doctor.set_defaults(func=_doctor)
 
