@@ -123,10 +123,15 @@ def test_stream_switch_and_wait_tensor_order_in_the_plan() -> None:
     assert str(side[0]).startswith("wait"), "the side stream waits for the gate first"
 
 
-def test_ops_wait_rejects_bad_lists() -> None:
-    with pytest.raises(ValueError, match="non-empty list"):
+def test_ops_wait_rejects_bad_lists_in_torchairs_words() -> None:
+    with pytest.raises(ValueError, match=r"^torchair.ops.wait\(\) requires at least one tensor"):
         torchair.ops.wait([])
-    with pytest.raises(ValueError, match="element 0 is int"):
+    with pytest.raises(ValueError, match="non-empty list of tensors"):
+        torchair.ops.wait(None)  # type: ignore[arg-type]
+    with pytest.raises(
+        ValueError,
+        match=r"^arguments of torchair.ops.wait\(\) must be torch.Tensor: element 0 is int",
+    ):
         torchair.ops.wait([3])
     token = torchair.ops.record()
     torchair.ops.wait([token])
@@ -296,3 +301,60 @@ def test_rejected_torchair_value_changes_neither_config() -> None:
         config.experimental_config.static_model_ops_lower_limit = -2
     assert config == torchair.CompilerConfig()
     assert config.airstream == torchair.CompilerConfig().airstream
+
+
+def test_the_torchair_logger(caplog: pytest.LogCaptureFixture) -> None:
+    """TorchAir's tests lower its logger to DEBUG and read it with assertLogs or root capture."""
+    import logging
+
+    from airstream.compat.torchair.core.utils import logger
+
+    assert torchair.logger is logger and logger.name == "torchair"
+    assert logging.getLogger("torchair") is logger  # assertLogs("torchair") finds it
+    assert logger.propagate and logger.level in (logging.ERROR, logging.DEBUG)
+    level = logger.level
+    try:
+        logger.setLevel(logging.DEBUG)
+        with caplog.at_level(logging.DEBUG):
+            logger.debug("a debug line")
+            logger.event("an event")
+            logger.warning_once("said once")
+            logger.warning_once("said once")
+    finally:
+        logger.setLevel(level)
+    records = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "torchair"]
+    assert records == [
+        ("DEBUG", "a debug line"),
+        ("EVENT", "an event"),
+        ("WARNING", "said once"),
+    ]
+
+
+@pytest.mark.parametrize(("debug", "level"), [("", "ERROR"), ("1", "DEBUG")])
+def test_the_torchair_logger_under_run_torchair(tmp_path: Path, debug: str, level: str) -> None:
+    """``import torchair`` / ``from torchair.core.utils import logger`` in an unmodified script;
+    TORCH_COMPILE_DEBUG=1 at import makes it DEBUG, as in TorchAir."""
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import logging\n"
+        "import torchair\n"
+        "from torchair.core.utils import logger\n"
+        "assert torchair.logger is logger\n"
+        "print('level', logging.getLevelName(logger.level))\n"
+        "logger.error('an error line')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_COMPILE_DEBUG"}
+    if debug:  # torch itself fails at import on TORCH_COMPILE_DEBUG="" (int(""))
+        env["TORCH_COMPILE_DEBUG"] = debug
+    result = subprocess.run(
+        [sys.executable, "-m", "airstream.cli", "run", "--torchair", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"level {level}" in result.stdout
+    assert "[ERROR] TORCHAIR(" in result.stdout and "an error line" in result.stdout

@@ -17,16 +17,19 @@ from typing import Any
 from airstream.backend import AirstreamBackend, GraphCompiler
 from airstream.backend import get_backend as _get_backend
 from airstream.backend import get_compiler as _get_compiler
-from airstream.compat.torchair import ops, scope
+from airstream.compat.torchair import core, ops, scope
 from airstream.compat.torchair.config import CompilerConfig
 from airstream.compat.torchair.install import install, installed_device
+from airstream.compat.torchair.logger import logger
 
 __all__ = [
     "CompilerConfig",
+    "core",
     "get_compiler",
     "get_npu_backend",
     "install",
     "installed_device",
+    "logger",
     "ops",
     "scope",
 ]

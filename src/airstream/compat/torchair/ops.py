@@ -16,14 +16,18 @@ def record() -> torch.Tensor:
 
 def wait(tensors: Sequence[torch.Tensor]) -> None:
     """Order later work on the current stream after each token / tensor producer."""
+    # TorchAir's wording first (its tests match on it), then what was wrong
     if not isinstance(tensors, (list, tuple)) or len(tensors) == 0:
         raise ValueError(
-            "torchair.ops.wait takes a non-empty list of tensors (record tokens or data), "
-            f"got {tensors!r}"
+            "torchair.ops.wait() requires at least one tensor input: a non-empty list of tensors "
+            f"(record tokens or data), got {tensors!r}"
         )
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
-            raise ValueError(f"torchair.ops.wait: element {i} is {type(t).__name__}, not a tensor")
+            raise ValueError(
+                "arguments of torchair.ops.wait() must be torch.Tensor: element "
+                f"{i} is {type(t).__name__}"
+            )
     torch.ops.air.wait(list(tensors))
 
 
