@@ -124,3 +124,28 @@ def test_doctor_shows_the_figures_and_recalibrates(
     monkeypatch.setenv("AIRSTREAM_COSTS", "nominal")
     assert main(["doctor"]) == 0
     assert "fixed nominal figures (AIRSTREAM_COSTS=nominal)" in capsys.readouterr().out
+
+
+def test_processes_starting_together_measure_once(tmp_path: Path) -> None:
+    """Ranks of one job compiling at once: one measures, the others wait and read its figures
+    (measured side by side, each would see the others' load and get different ones)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from airstream.calibration import machine_costs; import dataclasses, json; "
+        "print(json.dumps(dataclasses.asdict(machine_costs())))"
+    )
+    env = {**os.environ, "AIRSTREAM_CACHE_DIR": str(tmp_path)}
+    env.pop("AIRSTREAM_COSTS", None)
+    ranks = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+        for _ in range(3)
+    ]
+    outputs = [
+        json.loads(rank.communicate(timeout=300)[0].strip().splitlines()[-1]) for rank in ranks
+    ]
+    assert all(rank.returncode == 0 for rank in ranks)
+    assert outputs[0] == outputs[1] == outputs[2]  # measured noise makes two measurements differ
+    assert len(json.loads((tmp_path / "calibration.json").read_text())) == 1

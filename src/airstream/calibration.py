@@ -29,6 +29,7 @@ suite does); ``airstream doctor`` shows the figures in force and ``airstream doc
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import threading
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,25 +185,60 @@ def machine_costs(mode: str | None = None, *, recalibrate: bool = False) -> Mach
             if known is not None:
                 _memo[key] = known
                 return known
+        with _machine_lock():  # one process measures; the others wait, then read its figures
+            if not recalibrate:
+                known = _load(key)
+                if known is not None:
+                    _memo[key] = known
+                    return known
+            return _measure_and_store(key, ident, threads)
+
+
+@contextlib.contextmanager
+def _machine_lock() -> Iterator[None]:
+    """Held while measuring, across processes (ranks of one torchrun all compiling at once would
+    otherwise measure side by side, each seeing the others' load)."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): measure without it
+        yield
+        return
+    path = cache_path().with_suffix(".lock")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a")
+    except OSError:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            costs = _measure_in_child(threads)
-        except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as error:
-            if key not in _warned:
-                _warned.add(key)
-                warnings.warn(
-                    f"airstream: could not measure stream costs on this machine ({error}); "
-                    "auto_streams decides with nominal figures. Run `airstream doctor "
-                    "--recalibrate` to see why, or set AIRSTREAM_COSTS=nominal to silence this.",
-                    stacklevel=2,
-                )
-            return NOMINAL
-        try:
-            _store(key, ident, costs)
-        except OSError as error:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _measure_and_store(key: str, ident: dict[str, Any], threads: int) -> MachineCosts:
+    """Measure in a child process and cache; nominal figures (one warning) if that fails."""
+    try:
+        costs = _measure_in_child(threads)
+    except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as error:
+        if key not in _warned:
+            _warned.add(key)
             warnings.warn(
-                f"airstream: could not cache the measured stream costs at {cache_path()} "
-                f"({error}); they will be measured again in the next process",
-                stacklevel=2,
+                f"airstream: could not measure stream costs on this machine ({error}); "
+                "auto_streams decides with nominal figures. Run `airstream doctor "
+                "--recalibrate` to see why, or set AIRSTREAM_COSTS=nominal to silence this.",
+                stacklevel=3,
             )
-        _memo[key] = costs
-        return costs
+        return NOMINAL
+    try:
+        _store(key, ident, costs)
+    except OSError as error:
+        warnings.warn(
+            f"airstream: could not cache the measured stream costs at {cache_path()} "
+            f"({error}); they will be measured again in the next process",
+            stacklevel=3,
+        )
+    _memo[key] = costs
+    return costs
