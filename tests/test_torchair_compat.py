@@ -155,6 +155,35 @@ def test_scope_helpers_are_attributes_without_effect() -> None:
     assert sin.meta["air_scope"]["_super_kernel_scope"] == "sk"
 
 
+def test_scope_arguments_as_torchair_checks_them() -> None:
+    """super_kernel(None) is an empty scope; op_never_timeout takes a bool only, checked when
+    the scope is made, in TorchAir's words; npu_stream_switch records enable_inner_parallel."""
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        with torchair.scope.super_kernel("sk"):
+            with torchair.scope.super_kernel(None):  # type: ignore[arg-type]
+                y = x.sin()
+            with torchair.scope.op_never_timeout(False):
+                y = y.cos()
+            with torchair.scope.npu_stream_switch("side", 2, enable_inner_parallel=False):
+                y = y.exp()
+        return y
+
+    compiled, backend = compile_model(model, fullgraph=True)
+    x = torch.randn(3)
+    assert_same(compiled(x), x.sin().cos().exp())
+    nodes = {n.name: n for n in graph_of(backend, "inference").graph_module.graph.nodes}
+    assert nodes["sin"].meta["air_scope"]["_super_kernel_scope"] == ""
+    assert nodes["cos"].meta["air_scope"]["_op_exec_never_timeout"] == "False"
+    assert nodes["exp"].meta["air_scope"]["_enable_inner_parallel"] == "False"
+    for bad, name in ((1, "int"), ("False", "str")):
+        with pytest.raises(
+            TypeError,
+            match=rf"^op_never_timeout\(\) argument 'enable' must be bool, but got {name}\.$",
+        ):
+            torchair.scope.op_never_timeout(bad)  # type: ignore[arg-type]
+
+
 # ---- CompilerConfig: every option accepted, warned or rejected ------------------------------
 
 EFFECTIVE = {

@@ -38,7 +38,10 @@ def npu_stream_switch(
         raise ValueError(
             f"npu_stream_switch: stream_tag must be a non-empty str, got {stream_tag!r}"
         )
-    return _scope([STREAM_LABEL_KEY, STREAM_PRIORITY_KEY], [stream_tag, str(stream_priority)])
+    return _scope(
+        [STREAM_LABEL_KEY, STREAM_PRIORITY_KEY, "_enable_inner_parallel"],
+        [stream_tag, str(stream_priority), str(bool(enable_inner_parallel))],
+    )
 
 
 def npu_wait_tensor(self: torch.Tensor, dependency: torch.Tensor) -> torch.Tensor:
@@ -46,9 +49,12 @@ def npu_wait_tensor(self: torch.Tensor, dependency: torch.Tensor) -> torch.Tenso
     return torch.ops.air.wait_tensor(self, dependency)
 
 
-def super_kernel(scope: str, options: str = "") -> contextlib.AbstractContextManager[None]:
-    """TorchAir's super-kernel fusion scope: kept as a scope attribute, no effect off the NPU."""
-    return _scope(["_super_kernel_scope", "_super_kernel_options"], [scope, options])
+def super_kernel(scope: str | None, options: str = "") -> contextlib.AbstractContextManager[None]:
+    """TorchAir's super-kernel fusion scope: kept as a scope attribute, no effect off the NPU.
+
+    ``scope=None`` is ``""``, as in TorchAir (where an empty scope opts the ops inside out of an
+    enclosing super kernel)."""
+    return _scope(["_super_kernel_scope", "_super_kernel_options"], [scope or "", options])
 
 
 def limit_core_num(op_aicore_num: int, op_vectorcore_num: int) -> Any:
@@ -59,5 +65,10 @@ def limit_core_num(op_aicore_num: int, op_vectorcore_num: int) -> Any:
 
 
 def op_never_timeout(enable: bool = True) -> Any:
-    """NPU op timeout switch: kept as a scope attribute, no effect off the NPU."""
-    return _scope(["_op_exec_never_timeout"], [str(bool(enable))])
+    """NPU op timeout switch: kept as a scope attribute, no effect off the NPU. ``enable`` must
+    be a bool (TorchAir's check and wording: ``1`` and ``"True"`` raise ``TypeError``)."""
+    if not isinstance(enable, bool):
+        raise TypeError(
+            f"op_never_timeout() argument 'enable' must be bool, but got {type(enable).__name__}."
+        )
+    return _scope(["_op_exec_never_timeout"], [str(enable)])
