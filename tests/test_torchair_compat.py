@@ -81,6 +81,19 @@ def test_runner_cli_prints_the_device_and_the_result(tmp_path: Path) -> None:
     assert "result equals eager: True" in result.stdout
 
 
+def _run_torchair(script: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``airstream run --torchair script`` in a fresh process, in the script's folder."""
+    return subprocess.run(
+        [sys.executable, "-m", "airstream.cli", "run", "--torchair", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+        cwd=script.parent,
+    )
+
+
 def test_real_torch_npu_leaves_imports_alone(tmp_path: Path) -> None:
     fake = tmp_path / "torch_npu"
     fake.mkdir()
@@ -88,15 +101,7 @@ def test_real_torch_npu_leaves_imports_alone(tmp_path: Path) -> None:
     script = tmp_path / "script.py"
     script.write_text("import torch_npu\nprint('torch_npu is', torch_npu.MARK)\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    result = subprocess.run(
-        [sys.executable, "-m", "airstream.cli", "run", "--torchair", str(script)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env=env,
-        cwd=tmp_path,
-    )
+    result = _run_torchair(script, env)
     assert result.returncode == 0, result.stderr
     assert "a real torch_npu is importable" in result.stdout
     assert "torch_npu is the real one" in result.stdout
@@ -375,15 +380,7 @@ def test_the_torchair_logger_under_run_torchair(tmp_path: Path, debug: str, leve
     env = {k: v for k, v in os.environ.items() if k != "TORCH_COMPILE_DEBUG"}
     if debug:  # torch itself fails at import on TORCH_COMPILE_DEBUG="" (int(""))
         env["TORCH_COMPILE_DEBUG"] = debug
-    result = subprocess.run(
-        [sys.executable, "-m", "airstream.cli", "run", "--torchair", str(script)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env=env,
-        cwd=tmp_path,
-    )
+    result = _run_torchair(script, env)
     assert result.returncode == 0, result.stderr
     assert f"level {level}" in result.stdout
     assert "[ERROR] TORCHAIR(" in result.stdout and "an error line" in result.stdout
