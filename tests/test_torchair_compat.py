@@ -16,6 +16,7 @@ from tests.conftest import assert_same, compile_model, graph_of
 import airstream
 import airstream.compat.torchair as torchair
 from airstream.compat.torchair import config as compat_config
+from airstream.compat.torchair import values as compat_values
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -192,44 +193,64 @@ def test_scope_arguments_as_torchair_checks_them() -> None:
 # ---- CompilerConfig: every option accepted, warned or rejected ------------------------------
 
 EFFECTIVE = {
-    "mode": ("reduce-overhead", "mode"),
-    "debug.run_eagerly": (True, "debug.run_eagerly"),
-    "debug.graph_dump.type": ("py", "debug.graph_dump.type"),
-    "debug.graph_dump.path": ("dumps", "debug.graph_dump.path"),
+    "mode": ("reduce-overhead", "mode", "reduce-overhead"),
+    "debug.run_eagerly": (True, "debug.run_eagerly", True),
+    "debug.graph_dump.type": ("py", "debug.graph_dump.type", "py"),
+    "debug.graph_dump.path": ("dumps", "debug.graph_dump.path", os.path.realpath("dumps")),
     "experimental_config.keep_inference_input_mutations": (
         False,
         "experimental_config.keep_inference_input_mutations",
+        False,
     ),
-    "experimental_config.remove_noop_ops": (False, "experimental_config.remove_noop_ops"),
-    "experimental_config.enable_view_optimize": (False, "experimental_config.enable_view_optimize"),
-    "ge_config.enable_single_stream": (True, "ge_config.enable_single_stream"),
+    "experimental_config.remove_noop_ops": (False, "experimental_config.remove_noop_ops", False),
+    "experimental_config.enable_view_optimize": (
+        False,
+        "experimental_config.enable_view_optimize",
+        False,
+    ),
+    "ge_config.enable_single_stream": (True, "ge_config.enable_single_stream", True),
 }
 NO_EFFECT = {
-    "debug.fx_summary": {"type": "csv"},
-    "debug.data_dump": {"type": "npy"},
+    "debug.fx_summary.type": "csv",
+    "debug.data_dump.type": "npy",
+    "debug.aclgraph.clone_input": False,
+    "debug.aclgraph.static_capture_size_limit": 8,
+    "debug.deadlock_check": True,
     "experimental_config.cc_parallel_enable": True,
-    "experimental_config.memory_efficiency": True,
     "experimental_config.frozen_parameter": True,
     "experimental_config.static_model_ops_lower_limit": 4,
     "experimental_config.jit_compile": "auto",
-    "experimental_config.npu_fx_pass": True,
-    "experimental_config.tiling_schedule_optimize": True,
     "experimental_config.topology_sorting_strategy": "BFS",
-    "ge_config.export_compile_stat": "2",
-    "ge_config.optimization_switch": "x",
-    "export.experimental": True,
+    "experimental_config.pattern_fusion_pass": False,
+    "experimental_config.aclgraph._aclnn_static_shape_kernel_sym_value_range": [1, 2],
+    "ge_config.oo_level": "O1",
+    "ge_config.aicore_num": "24|48",
+    "export.experimental.enable_lite_export": True,
     "aoe_config.aoe_mode": "2",
-    "fusion_config.fusion_switch_file": "f.json",
+    "fusion_config.fusion_switch_file": __file__,
     "dump_config.enable_dump": True,
-    "inference_config.dynamic_gears_merge_policy": "zip",
+    "dump_config.dump_step": "0|1|2-5",
+    "inference_config.dynamic_gears_merge_policy": "product",
+    "aclgraph_config.use_custom_pool": object(),
 }
-REJECTED = {
-    "mode": "fast",
-    "debug.run_eagerly": "yes",
-    "debug.graph_dump.type": "svg",
-    "experimental_config.jit_compile": "always",
-    "experimental_config.topology_sorting_strategy": "random",
-    "ge_config.export_compile_stat": "9",
+REJECTED = {  # path: (value, exception type, TorchAir's words)
+    "mode": ("fast", ValueError, "not in optional list ['max-autotune', 'reduce-overhead'"),
+    "debug.run_eagerly": ("yes", ValueError, "Value 'yes' (type: <class 'str'>) not in optional"),
+    "debug.graph_dump.type": ("svg", ValueError, "not in optional list ['txt', 'pbtxt', 'py']"),
+    "experimental_config.topology_sorting_strategy": ("random", ValueError, "optional list"),
+    "ge_config.export_compile_stat": (2, ValueError, "(type: <class 'int'>) not in optional"),
+    "debug.aclgraph.static_capture_size_limit": (0, ValueError, "Please set value in [1, "),
+    "experimental_config.static_model_ops_lower_limit": ("-1", ValueError, "integer type"),
+    "dump_config.dump_path": ("./*****", FileNotFoundError, "Please set legal dir path, ./****"),
+    "dump_config.dump_config_path": ("./x", FileNotFoundError, "is not '.json' file!"),
+    "dump_config.dump_step": ("a-b", ValueError, "correct example:0|1|2-5|6"),
+    "aoe_config.aoe_config_file": ("./x", FileNotFoundError, "legal file path, ./x is not found"),
+    "experimental_config.aclgraph._aclnn_static_shape_kernel_build_dir": (
+        3,
+        TypeError,
+        "value must be str or None, got <class 'int'>",
+    ),
+    "post_grad_custom_pre_pass": ("p", TypeError, "value must be Callable or None"),
 }
 
 
@@ -241,18 +262,25 @@ def _set(config: torchair.CompilerConfig, path: str, value: object) -> None:
     setattr(node, leaf, value)
 
 
+def _get(config: torchair.CompilerConfig, path: str) -> object:
+    node: object = config
+    for name in path.split("."):
+        node = getattr(node, name)
+    return node
+
+
 @pytest.mark.parametrize("path", sorted(EFFECTIVE))
 def test_effective_options_reach_airstream(path: str) -> None:
-    value, target = EFFECTIVE[path]
+    value, target, expected = EFFECTIVE[path]
     config = torchair.CompilerConfig()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no warning for options that work
         _set(config, path, value)
-    assert config.airstream.get_option(target) == value
+    assert config.airstream.get_option(target) == expected
 
 
 @pytest.mark.parametrize("path", sorted(NO_EFFECT))
-def test_npu_only_options_warn_once(path: str) -> None:
+def test_npu_only_options_warn_once_and_read_back(path: str) -> None:
     compat_config._warned.discard(path)
     config = torchair.CompilerConfig()
     with pytest.warns(UserWarning, match=f"option '{path}' has no effect off the NPU"):
@@ -260,20 +288,74 @@ def test_npu_only_options_warn_once(path: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _set(torchair.CompilerConfig(), path, NO_EFFECT[path])  # once per option
+    stored = _get(config, path)
+    raw = stored.raw if isinstance(stored, compat_values.Value) else stored
+    assert raw is NO_EFFECT[path] or raw == NO_EFFECT[path]
+    assert config.airstream == torchair.CompilerConfig().airstream
 
 
 @pytest.mark.parametrize("path", sorted(REJECTED))
-def test_invalid_values_are_rejected_like_torchair(path: str) -> None:
-    with pytest.raises(ValueError, match="optional values"):
-        _set(torchair.CompilerConfig(), path, REJECTED[path])
-
-
-def test_pbtxt_dumps_as_txt_and_backend_factories() -> None:
+def test_invalid_values_are_rejected_in_torchairs_words(path: str) -> None:
+    value, kind, words = REJECTED[path]
     config = torchair.CompilerConfig()
+    with pytest.raises(kind) as info:
+        _set(config, path, value)
+    assert words in str(info.value)
+    assert config == torchair.CompilerConfig()
+
+
+def test_values_read_back_as_torchair_reads_them() -> None:
+    config = torchair.CompilerConfig()
+    assert config.mode.value == "max-autotune" and config.mode.default == "max-autotune"
+    assert config.debug.run_eagerly.value == "0" and not config.debug.run_eagerly
+    config.debug.run_eagerly = True
+    assert config.debug.run_eagerly.value == "1" and config.debug.run_eagerly
+    config.experimental_config.static_model_ops_lower_limit = 0
+    assert config.experimental_config.static_model_ops_lower_limit.value == "0"
+    assert config.ge_config.oo_constant_folding.value is None
+    config.debug.graph_dump.type = "py"
+    assert config.debug.graph_dump.enabled and config.debug.graph_dump.path is None
+    name = config.debug.graph_dump.full_path("dynamo_original_graph_1")
+    assert name is not None and name.startswith("./dynamo_original_graph_1_rank_0_pid_")
+    assert name.endswith(".py") and "_ts_" in name
+
+
+def test_every_torchair_option_path_exists_and_unknown_names_are_explained() -> None:
+    config = torchair.CompilerConfig()
+    paths = [path for path, _ in config.leaves()]
+    assert len(paths) == 72 and len(set(paths)) == 72
+    for path in (
+        "debug.aclgraph.clone_input",
+        "ge_config.oo_dead_code_elimination",
+        "export.experimental.auto_atc_config_generated",
+        "aclgraph_config.use_custom_pool",
+        "experimental_config.aot_config_output_loss_index",
+    ):
+        assert path in paths, path
+    with pytest.raises(ValueError, match=r"^_Debug has no option nope, all options \["):
+        config.debug.nope = 1
+    with pytest.raises(ValueError, match="Did you mean 'debug.run_eagerly'"):
+        config.debug.run_eagrly = True
+    with pytest.raises(ValueError, match="is a group"):
+        config.debug.graph_dump = "py"
+
+
+def test_mapped_targets_are_airstream_options() -> None:
+    targets = {rule.target for rule in compat_config._AIRSTREAM.values()}
+    assert targets <= set(airstream.CompilerConfig.option_paths())
+    torchair_paths = {path for path, _ in torchair.CompilerConfig().leaves()}
+    assert set(compat_config._AIRSTREAM) <= torchair_paths
+
+
+def test_modes_and_backend_factories() -> None:
+    config = torchair.CompilerConfig()
+    assert config.airstream.mode == "max-autotune"  # TorchAir's default
+    config.mode = "reduce-overhead"
+    assert config.airstream.mode == "reduce-overhead"
+    config.mode = "npugraph_ex"  # graph capture and replay: airstream's reduce-overhead
+    assert config.airstream.mode == "reduce-overhead" and config.mode.value == "npugraph_ex"
     config.debug.graph_dump.type = "pbtxt"
     assert config.airstream.debug.graph_dump.type == "txt"
-    with pytest.raises(ValueError, match="unknown TorchAir option 'debug.nope'"):
-        config.debug.nope = 1
     backend = torchair.get_npu_backend(
         compiler_config=torchair.CompilerConfig(), custom_decompositions={}
     )
@@ -283,58 +365,21 @@ def test_pbtxt_dumps_as_txt_and_backend_factories() -> None:
         torchair.get_npu_backend(compiler_config=object())  # type: ignore[arg-type]
 
 
-def test_torchair_default_mode_is_airstreams_max_autotune() -> None:
-    from airstream.compat import torchair
+def test_custom_pass_receives_the_torchair_config() -> None:
+    seen: list[object] = []
+
+    def read_mode(gm: torch.fx.GraphModule, example_inputs: object, config: object) -> None:
+        seen.append(config.mode.value)  # type: ignore[attr-defined]
 
     config = torchair.CompilerConfig()
-    assert config.mode == "max-autotune"
-    assert config.airstream.mode == "max-autotune"
     config.mode = "reduce-overhead"
-    assert config.airstream.mode == "reduce-overhead"
-
-
-# ---- the TorchAir table over airstream's option machinery -----------------------------------
-
-
-def test_mapped_option_writes_its_airstream_path_and_reads_back() -> None:
-    config = torchair.CompilerConfig()
-    config.debug.run_eagerly = True
-    assert config.airstream.get_option("debug.run_eagerly") is True
-    assert config.debug.run_eagerly is True and config.get_option("debug.run_eagerly") is True
-    config.set_option("debug.run_eagerly", False)
-    assert config.airstream.debug.run_eagerly is False and config.debug.run_eagerly is False
-    config.debug.graph_dump.type = "pbtxt"  # converted on the way: read back as given
-    assert config.debug.graph_dump.type == "pbtxt"
-    assert config.airstream.debug.graph_dump.type == "txt"
-
-
-def test_every_mapped_target_is_an_airstream_option() -> None:
-    targets = compat_config._targets()
-    assert targets["debug.run_eagerly"] == "debug.run_eagerly"
-    assert set(targets.values()) <= set(airstream.CompilerConfig.option_paths())
-    assert set(targets) <= set(torchair.CompilerConfig.option_paths())
-
-
-def test_npu_only_values_are_stored_and_leave_airstream_alone() -> None:
-    config = torchair.CompilerConfig()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        config.experimental_config.frozen_parameter = True
-        config.export.experimental = True
-    assert config.experimental_config.frozen_parameter is True
-    assert config.export.experimental is True and config.export.unset_name is None
-    assert config.as_dict()["export.experimental"] is True
-    assert config.airstream == torchair.CompilerConfig().airstream
-
-
-def test_rejected_torchair_value_changes_neither_config() -> None:
-    config = torchair.CompilerConfig()
-    with pytest.raises(airstream.ConfigError, match=r"'debug.graph_dump.type'.*'pbtxt'"):
-        config.debug.graph_dump.type = "svg"  # airstream takes svg; TorchAir does not
-    with pytest.raises(ValueError, match="optional values: None or an int >= -1"):
-        config.experimental_config.static_model_ops_lower_limit = -2
-    assert config == torchair.CompilerConfig()
-    assert config.airstream == torchair.CompilerConfig().airstream
+    config.post_grad_custom_pre_pass = read_mode
+    config.post_grad_custom_post_pass = read_mode
+    opt = torch.compile(torch.sin, backend=torchair.get_npu_backend(compiler_config=config))
+    x = torch.randn(4)
+    assert_same(opt(x), torch.sin(x))
+    assert seen == ["reduce-overhead", "reduce-overhead"]
+    assert config.post_grad_custom_pre_pass.value is read_mode
 
 
 def test_the_torchair_logger(caplog: pytest.LogCaptureFixture) -> None:

@@ -6,7 +6,9 @@ backend="airstream", options={...})`` takes the same paths. Unknown names and ba
 that is not callable raises ``TypeError``.
 
 The machinery (:class:`~airstream.options.Option`, :class:`~airstream.options.OptionGroup` and
-the checks) lives in :mod:`airstream.options`; it also backs the TorchAir view.
+the checks) lives in :mod:`airstream.options`. The TorchAir config
+(:mod:`airstream.compat.torchair.config`) follows TorchAir's own object model and is translated
+into this one.
 """
 
 from __future__ import annotations

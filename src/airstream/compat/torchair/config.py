@@ -1,53 +1,340 @@
-"""TorchAir's ``CompilerConfig``: a table of TorchAir option paths over airstream's machinery.
+"""TorchAir's ``CompilerConfig``: every group and option of TorchAir's, with its defaults, checks
+and messages, and the table that turns it into airstream's config.
 
-Each entry of ``_TABLE`` either sets an airstream option (:func:`_sets`, optionally converting
-the value) or has no effect off the NPU (:func:`_npu_only`: accepted, stored so it reads back,
-one warning per path); a path ending in ``*`` makes a whole group NPU-only. A value TorchAir
-rejects raises ``ValueError`` (a :class:`~airstream.errors.ConfigError`) listing the optional
-values, as TorchAir does. New options and groups are new table entries.
+The groups mirror TorchAir's layout (``debug.aclgraph``, ``experimental_config.aclgraph``,
+``ge_config``, ``export.experimental``, ...). :data:`_AIRSTREAM` lists the TorchAir options that
+have an effect here and the airstream option each one sets; every other option is accepted,
+stored, read back, and warned about once per process ("no effect off the NPU").
+:attr:`CompilerConfig.airstream` builds airstream's config from the current values; custom
+passes are wrapped so they receive this TorchAir config, as under TorchAir.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
-from airstream.config import CompilerConfig as AirConfig
-from airstream.options import (
-    Check,
-    Invalid,
-    Option,
-    OptionGroup,
-    anything,
-    boolean,
-    choice,
-    directory,
-    pass_slot,
+from airstream.compat.torchair.values import (
+    Callback,
+    Choice,
+    Dict,
+    Directory,
+    File,
+    Group,
+    IntList,
+    IntRange,
+    JsonFile,
+    Pattern,
+    Text,
+    Value,
 )
+from airstream.config import CompilerConfig as AirConfig
 
 __all__ = ["CompilerConfig"]
 
-_warned: set[str] = set()  # NPU-only paths already warned about
+INT64_MAX = 2**63 - 1
+_BOOL = [True, False]
+_warned: set[str] = set()  # NPU-only paths already warned about (one warning each per process)
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+class _DebugFile(Group):
+    """A debug output (graph dump, data dump, FX summary): ``type`` enables it; ``path``."""
+
+    def __init__(self) -> None:
+        self._dir = Value(None)
+        super().__init__()
+
+    @staticmethod
+    def _private() -> tuple[str, ...]:
+        return ("_dir",)  # set through the ``path`` property
+
+    @property
+    def enabled(self) -> bool:
+        return self.type.value is not None  # type: ignore[attr-defined]
+
+    def full_path(self, name: str, *, with_timestap: bool = True) -> str | None:
+        """``<path>/<name>_rank_<r>_pid_<pid>[_ts_<utc stamp>].<type>``, TorchAir's file name."""
+        if not self.enabled:
+            return None
+        folder = "." if self._dir.value is None else self._dir.value
+        stamp = ""
+        if with_timestap:
+            stamp = "_ts_" + datetime.now(tz=UTC).strftime("%Y%m%d%H%M%S%f")
+        kind = self.type.value  # type: ignore[attr-defined]
+        return f"{folder}/{name}_rank_{_rank()}_pid_{os.getpid()}{stamp}.{kind}"
+
+
+class _PathProperty:
+    """``path`` of a debug output: stored as its real path, read back as a str."""
+
+    @property
+    def path(self) -> Any:
+        return self._dir.value  # type: ignore[attr-defined]
+
+    @path.setter
+    def path(self, value: Any) -> None:
+        self._dir.value = os.path.realpath(value)  # type: ignore[attr-defined]
+
+
+class _GraphDump(_PathProperty, _DebugFile):
+    def __init__(self) -> None:
+        self.type = Choice(None, ["txt", "pbtxt", "py"])
+        super().__init__()
+
+
+class _DataDump(_PathProperty, _DebugFile):
+    def __init__(self) -> None:
+        self.filter = None
+        self.type = Choice(None, ["npy"])
+        super().__init__()
+
+
+class _FxSummary(_DebugFile):
+    def __init__(self) -> None:
+        self.type = Choice(None, ["csv"])
+        self.skip_compile = Choice(True, _BOOL)
+        super().__init__()
+
+
+class _AclGraphDebug(Group):
+    def __init__(self) -> None:
+        self.disable_reinplace_inplaceable_ops_pass = Choice(False, _BOOL)
+        self.disable_reinplace_input_mutated_ops_pass = Choice(False, _BOOL)
+        self.disable_mempool_reuse_in_same_fx = Choice(False, _BOOL)
+        self.enable_output_clone = Choice(False, _BOOL)
+        self.static_capture_size_limit = IntRange(64, 1, INT64_MAX)
+        self.clone_input = Choice(True, _BOOL)
+        self.remove_cat_ops = Choice(True, _BOOL)
+        super().__init__()
+
+
+class _Debug(Group):
+    def __init__(self) -> None:
+        self.graph_dump = _GraphDump()
+        self.data_dump = _DataDump()
+        self.fx_summary = _FxSummary()
+        self.run_eagerly = Choice(False, _BOOL)
+        self.aclgraph = _AclGraphDebug()
+        self.deadlock_check = Choice(False, _BOOL)
+        super().__init__()
+
+
+class _AclGraphExperimental(Group):
+    _NAMES = (
+        "_aclnn_static_shape_kernel",
+        "_aclnn_static_shape_kernel_build_dir",
+        "_aclnn_static_shape_kernel_sym_value_range",
+        "_aclnn_static_shape_kernel_sym_index",
+        "_super_kernel_optimize",
+        "_super_kernel_optimize_options",
+        "_super_kernel_debug_options",
+    )
+
+    def __init__(self) -> None:
+        self._aclnn_static_shape_kernel = Choice(False, _BOOL)
+        self._aclnn_static_shape_kernel_build_dir = Text()
+        self._aclnn_static_shape_kernel_sym_value_range = IntList(None)
+        self._aclnn_static_shape_kernel_sym_index = IntRange(0, 0, INT64_MAX)
+        self._super_kernel_optimize = Choice(False, _BOOL)
+        self._super_kernel_optimize_options = Dict(None)
+        self._super_kernel_debug_options = Dict(None)
+        super().__init__()
+
+    @staticmethod
+    def _private() -> tuple[str, ...]:
+        return _AclGraphExperimental._NAMES
+
+
+class _Experimental(Group):
+    def __init__(self) -> None:
+        self.cc_parallel_enable = Choice(False, [False, True])
+        self.keep_inference_input_mutations = Choice(True, _BOOL)
+        self.memory_efficiency = Choice(False, _BOOL)
+        self.frozen_parameter = Choice(False, _BOOL)
+        self.static_model_ops_lower_limit = IntRange(None, -1, INT64_MAX)
+        self.jit_compile = Choice("auto", ["auto"])
+        self.npu_fx_pass = Choice(False, _BOOL)
+        self.aot_config_enable_joint_graph = Choice(False, _BOOL)
+        self.aot_config_output_loss_index = Value(0)
+        self.topology_sorting_strategy = Choice("DFS", ["BFS", "DFS", "RDFS", "StableRDFS"])
+        self.enable_ref_data = Choice(False, _BOOL)
+        self.enable_view_optimize = Choice(True, _BOOL)
+        self.remove_noop_ops = Choice(True, _BOOL)
+        self.tiling_schedule_optimize = Choice(False, _BOOL)
+        self.pattern_fusion_pass = Choice(True, _BOOL)
+        self.aclgraph = _AclGraphExperimental()
+        super().__init__()
+
+
+class _Ge(Group):
+    def __init__(self) -> None:
+        self.enable_single_stream = Choice(False, _BOOL)
+        self.oo_level = Choice("O3", ["O1", "O3"])
+        self.oo_constant_folding = Choice(None, _BOOL)
+        self.oo_dead_code_elimination = Choice(None, _BOOL)
+        self.export_compile_stat = Choice("2", ["0", "1", "2"])
+        self.aicore_num = Value(None)
+        self.optimization_switch = Value(None)
+        super().__init__()
+
+
+class _ExportExperimental(Group):
+    def __init__(self) -> None:
+        self.enable_record_nn_module_stack = Choice(False, _BOOL)
+        self.auto_atc_config_generated = Choice(False, _BOOL)
+        self.enable_lite_export = Choice(False, _BOOL)
+        super().__init__()
+
+
+class _Export(Group):
+    def __init__(self) -> None:
+        self.export_mode = Choice(False, [False, True])
+        self.export_path_dir = Directory("./")
+        self.export_name = None
+        self.weight_name = None
+        self.inputs_name = None
+        self.experimental = _ExportExperimental()
+        super().__init__()
+
+
+class _Aoe(Group):
+    def __init__(self) -> None:
+        self.aoe_mode = Choice(None, ["2"])
+        self.work_path = Directory("./")
+        self.aoe_config_file = File(None)
+        super().__init__()
+
+
+class _DataDumpConfig(Group):
+    def __init__(self) -> None:
+        self.enable_dump = Choice(False, [False, True])
+        self.dump_path = Directory("./")
+        self.dump_mode = Choice("all", ["input", "output", "all"])
+        self.quant_dumpable = Choice(False, [False, True])
+        self.dump_step = Pattern("", r"^(((\d+)|(\d+-{0,1}\d+))\|{0,1})*$", "0|1|2-5|6")
+        self.dump_layer = Pattern("", r'^[0-9a-zA-Z_" "/\\.]*$', "Mul_1 Add1 Conv2D_1")
+        self.dump_data = Choice("tensor", ["tensor", "stats"])
+        self.dump_config_path = JsonFile(None)
+        self.data_dump_stage = Choice("optimized", ["original", "optimized"])
+        super().__init__()
+
+
+class _Fusion(Group):
+    def __init__(self) -> None:
+        self.fusion_switch_file = File(None)
+        super().__init__()
+
+
+class _Inference(Group):
+    def __init__(self) -> None:
+        self.dynamic_gears_merge_policy = Choice("zip", ["zip", "product"])
+        super().__init__()
+
+
+class _AclGraphConfig(Group):
+    """``aclgraph_config``: an open namespace in TorchAir (``use_custom_pool``, any other name)."""
+
+    _OPEN = True
+
+    def __init__(self) -> None:
+        self.use_custom_pool = None
+        super().__init__()
+
+
+class _NpuGraphExConfig(Group):
+    """``npugraphex_config``: empty in TorchAir."""
+
+
+class _TorchairPass:
+    """A custom pass set on the TorchAir config: called as ``fn(gm, example_inputs, config)``
+    with that TorchAir config, as TorchAir calls it (airstream's own config is not passed)."""
+
+    def __init__(self, fn: Callable[..., Any], config: CompilerConfig) -> None:
+        self.fn, self.config = fn, config
+        functools.update_wrapper(self, fn)  # the pass's name in errors
+
+    def __call__(self, gm: Any, example_inputs: Any, _config: Any = None) -> Any:
+        return self.fn(gm, example_inputs, self.config)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _TorchairPass):
+            return NotImplemented
+        return self.fn is other.fn and self.config is other.config
+
+    def __hash__(self) -> int:
+        return hash((id(self.fn), id(self.config)))
+
+    def __repr__(self) -> str:
+        return f"{self.fn!r} (called with the TorchAir CompilerConfig)"
 
 
 @dataclass(frozen=True)
-class _SetAirstream:
-    """Effect of a TorchAir option that works here: set airstream's ``target`` path."""
+class _Sets:
+    """A TorchAir option that works here: it sets airstream's ``target`` option."""
 
-    target: str | None  # None: the same path as the TorchAir option
-    convert: Callable[[Any], Any] | None = None
-
-    def __call__(self, root: OptionGroup, path: str, value: Any) -> None:
-        assert isinstance(root, CompilerConfig)
-        root.airstream.set_option(
-            self.target or path, self.convert(value) if self.convert else value
-        )
+    target: str
+    convert: Callable[[Any, CompilerConfig], Any] = lambda value, config: value
 
 
-def _warn_no_effect(root: OptionGroup, path: str, value: Any) -> None:
-    if path not in _warned:
+def _wrap_pass(value: Any, config: CompilerConfig) -> Any:
+    return None if value is None else _TorchairPass(value, config)
+
+
+_AIRSTREAM: dict[str, _Sets] = {
+    # TorchAir's npugraph_ex (graph capture and replay) is airstream's reduce-overhead
+    "mode": _Sets("mode", lambda v, c: "reduce-overhead" if v == "npugraph_ex" else v),
+    "post_grad_custom_pre_pass": _Sets("post_grad_custom_pre_pass", _wrap_pass),
+    "post_grad_custom_post_pass": _Sets("post_grad_custom_post_pass", _wrap_pass),
+    "debug.run_eagerly": _Sets("debug.run_eagerly"),
+    "debug.graph_dump.type": _Sets(
+        "debug.graph_dump.type",
+        lambda v, c: "txt" if v == "pbtxt" else v,  # pbtxt: GE's format
+    ),
+    "debug.graph_dump._dir": _Sets("debug.graph_dump.path", lambda v, c: v or "."),
+    "experimental_config.keep_inference_input_mutations": _Sets(
+        "experimental_config.keep_inference_input_mutations"
+    ),
+    "experimental_config.remove_noop_ops": _Sets("experimental_config.remove_noop_ops"),
+    "experimental_config.enable_view_optimize": _Sets("experimental_config.enable_view_optimize"),
+    "ge_config.enable_single_stream": _Sets("ge_config.enable_single_stream"),
+}
+_SETTABLE_ALIASES = {"debug.graph_dump.path": "debug.graph_dump._dir"}
+
+
+class CompilerConfig(Group):
+    """TorchAir's ``torchair.CompilerConfig``; ``.airstream`` is the airstream config it makes."""
+
+    def __init__(self) -> None:
+        self.debug = _Debug()
+        self.aoe_config = _Aoe()
+        self.export = _Export()
+        self.dump_config = _DataDumpConfig()
+        self.fusion_config = _Fusion()
+        self.experimental_config = _Experimental()
+        self.inference_config = _Inference()
+        self.ge_config = _Ge()
+        self.aclgraph_config = _AclGraphConfig()
+        self.npugraphex_config = _NpuGraphExConfig()
+        self.mode = Choice("max-autotune", ["max-autotune", "reduce-overhead", "npugraph_ex"])
+        self.post_grad_custom_pre_pass = Callback(None)
+        self.post_grad_custom_post_pass = Callback(None)
+        super().__init__()
+
+    def _changed(self, path: str, value: Any) -> None:
+        path = _SETTABLE_ALIASES.get(path, path)
+        if path in _AIRSTREAM or path in _warned:
+            return
         _warned.add(path)
         warnings.warn(
             f"airstream.compat.torchair: option {path!r} has no effect off the NPU; accepted "
@@ -55,92 +342,28 @@ def _warn_no_effect(root: OptionGroup, path: str, value: Any) -> None:
             stacklevel=3,
         )
 
-
-def _sets(
-    default: Any,
-    check: Check,
-    *,
-    target: str | None = None,
-    convert: Callable[[Any], Any] | None = None,
-) -> Option:
-    """A TorchAir option that sets airstream's ``target`` (default: the same path)."""
-    return Option(default, check, effect=_SetAirstream(target, convert))
-
-
-def _npu_only(default: Any = None, check: Check = anything) -> Option:
-    """A TorchAir option with no effect off the NPU: checked, stored, warned about once."""
-    return Option(default, check, effect=_warn_no_effect)
-
-
-def _pbtxt_as_txt(value: Any) -> Any:
-    return "txt" if value == "pbtxt" else value  # pbtxt is GE's graph format
-
-
-def _lower_limit(path: str, value: Any) -> Any:
-    if value is None or (isinstance(value, int) and value >= -1):
-        return value
-    raise Invalid("None or an int >= -1")
-
-
-_TABLE: dict[str, Option] = {
-    "mode": _sets("max-autotune", choice("max-autotune", "reduce-overhead")),
-    "post_grad_custom_pre_pass": _sets(None, pass_slot),
-    "post_grad_custom_post_pass": _sets(None, pass_slot),
-    "debug.run_eagerly": _sets(False, boolean),
-    "debug.graph_dump.type": _sets(None, choice(None, "txt", "pbtxt", "py"), convert=_pbtxt_as_txt),
-    "debug.graph_dump.path": _sets(".", directory),
-    "debug.fx_summary": _npu_only(),
-    "debug.data_dump": _npu_only(),
-    "experimental_config.keep_inference_input_mutations": _sets(True, boolean),
-    "experimental_config.remove_noop_ops": _sets(True, boolean),
-    "experimental_config.enable_view_optimize": _sets(True, boolean),
-    "experimental_config.cc_parallel_enable": _npu_only(False, boolean),
-    "experimental_config.memory_efficiency": _npu_only(False, boolean),
-    "experimental_config.frozen_parameter": _npu_only(False, boolean),
-    "experimental_config.static_model_ops_lower_limit": _npu_only(None, _lower_limit),
-    "experimental_config.jit_compile": _npu_only("auto", choice("auto")),
-    "experimental_config.npu_fx_pass": _npu_only(False, boolean),
-    "experimental_config.tiling_schedule_optimize": _npu_only(False, boolean),
-    "experimental_config.topology_sorting_strategy": _npu_only(
-        "DFS", choice("BFS", "DFS", "RDFS", "StableRDFS")
-    ),
-    "ge_config.enable_single_stream": _sets(False, boolean),
-    "ge_config.export_compile_stat": _npu_only("1", choice("0", "1", "2")),
-    "ge_config.optimization_switch": _npu_only(),
-    "export.*": _npu_only(),
-    "aoe_config.*": _npu_only(),
-    "fusion_config.*": _npu_only(),
-    "dump_config.*": _npu_only(),
-    "inference_config.*": _npu_only(),
-}
-
-
-def _targets() -> dict[str, str]:
-    """``{TorchAir path: the airstream path it sets}``."""
-    return {
-        path: opt.effect.target or path
-        for path, opt in _TABLE.items()
-        if isinstance(opt.effect, _SetAirstream)
-    }
-
-
-class CompilerConfig(OptionGroup, table=_TABLE):
-    """TorchAir's ``torchair.CompilerConfig`` surface; ``.airstream`` is the config it builds."""
-
-    _NOUN = "TorchAir option"
-    _ALLOWED = "optional values"
-    _air: AirConfig
-
-    def __init__(self) -> None:
-        object.__setattr__(self, "_air", AirConfig())
-        super().__init__()
-        # TorchAir's defaults where they differ and have an effect here: TorchAir's max-autotune
-        # is airstream's (Inductor segments per stream); view optimization is on.
-        for path, opt in _TABLE.items():
-            if isinstance(opt.effect, _SetAirstream):
-                opt.effect(self, path, opt.default)
-
     @property
     def airstream(self) -> AirConfig:
-        """The airstream CompilerConfig these options produce."""
-        return self._air
+        """The airstream config these options make (built afresh on each read)."""
+        air = AirConfig()
+        for path, leaf in self.leaves():
+            rule = _AIRSTREAM.get(path)
+            if rule is not None:
+                raw = leaf.raw if isinstance(leaf, Value) else leaf
+                air.set_option(rule.target, rule.convert(raw, self))
+        return air
+
+    def as_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``({option name: TorchAir value}, {})`` for every option that is set (not None)."""
+        local = {
+            path.rsplit(".", 1)[-1]: leaf.value
+            for path, leaf in self.leaves()
+            if isinstance(leaf, Value) and leaf.value is not None and not path.endswith("pass")
+        }
+        return local, {}
+
+
+def npu_only_paths() -> list[str]:
+    """Every TorchAir option path with no effect off the NPU."""
+    paths = [p for p, _ in CompilerConfig().leaves()]
+    return [p for p in paths if _SETTABLE_ALIASES.get(p, p) not in _AIRSTREAM]
