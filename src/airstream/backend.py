@@ -27,6 +27,7 @@ from airstream.errors import ConfigError
 from airstream.observers import CompileObserver, Observers
 from airstream.ops.library import is_air_op
 from airstream.passes.manager import PassManager, PassResult
+from airstream.passes.tagged_events import lower_tagged_events
 from airstream.runtime.codegen import Executor
 from airstream.runtime.cpu import CpuExecutor
 from airstream.runtime.cuda import CudaExecutor
@@ -128,6 +129,7 @@ class GraphCompiler:
             dumper = dumper_for(config)
             observer = DumpObserver(dumper) if dumper is not None else CompileObserver()
         results = PassManager(config, observer).run(gm, example_inputs, kind)
+        lower_tagged_events(gm)
         single = config.ge_config.enable_single_stream
         streams = assign_streams(gm, single_stream=single, graph_kind=kind)
         plan = build_plan(gm, streams)

@@ -27,7 +27,9 @@ from typing import Any
 import torch
 import torch.fx
 
+from airstream.ops.air_print import air_print
 from airstream.ops.library import is_air_op, record, scope_enter, scope_exit, wait, wait_tensor
+from airstream.ops.tagged import TAGGED_EVENT_OPS
 from airstream.torch_internals import OpOverload, collective_op_name, op_schema
 
 __all__ = [
@@ -113,6 +115,8 @@ def effects(node: torch.fx.Node) -> Effects:
     if is_air_op(target):
         waited = tuple(_nodes_in(node.args[0])) if target is wait_tensor else ()
         return Effects(air=True, aliases=waited)
+    if target in TAGGED_EVENT_OPS or target is air_print:  # steps kept in place and order
+        return Effects(air=True)
     if not isinstance(target, OpOverload):
         return _PURE
     schema = op_schema(target)

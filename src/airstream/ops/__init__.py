@@ -1,7 +1,7 @@
 """The ``air`` ops, their Python wrappers, and the ``airstream.stream`` context manager."""
 
-from airstream.ops import library
+from airstream.ops import air_print, library, tagged
 from airstream.ops.stream import stream
 from airstream.ops.wrappers import record, wait, wait_tensor
 
-__all__ = ["library", "record", "stream", "wait", "wait_tensor"]
+__all__ = ["air_print", "library", "record", "stream", "tagged", "wait", "wait_tensor"]

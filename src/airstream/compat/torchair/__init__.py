@@ -17,7 +17,7 @@ from typing import Any
 from airstream.backend import AirstreamBackend, GraphCompiler
 from airstream.backend import get_backend as _get_backend
 from airstream.backend import get_compiler as _get_compiler
-from airstream.compat.torchair import core, ops, scope
+from airstream.compat.torchair import core, inference, ops, scope
 from airstream.compat.torchair.config import CompilerConfig
 from airstream.compat.torchair.install import install, installed_device
 from airstream.compat.torchair.logger import logger
@@ -27,6 +27,7 @@ __all__ = [
     "core",
     "get_compiler",
     "get_npu_backend",
+    "inference",
     "install",
     "installed_device",
     "logger",

@@ -4,9 +4,11 @@ present, else CPU. Nothing is changed when a real ``torch_npu`` is importable.""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -62,6 +64,9 @@ def _npu_namespace(target: str) -> types.SimpleNamespace:
         def synchronize(self) -> None:
             pass
 
+        def query(self) -> bool:
+            return True
+
     class _CpuEvent:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             pass
@@ -75,13 +80,30 @@ def _npu_namespace(target: str) -> types.SimpleNamespace:
         def synchronize(self) -> None:
             pass
 
+    current: list[_CpuStream] = [_CpuStream()]
+
+    @contextlib.contextmanager
+    def _cpu_stream(stream: Any = None) -> Iterator[Any]:
+        # CPU code runs in program order on this thread: the stream only reads back
+        current.append(stream if stream is not None else current[-1])
+        try:
+            yield stream
+        finally:
+            current.pop()
+
+    def _cpu_set_stream(stream: Any) -> None:
+        current[-1] = stream
+
     return types.SimpleNamespace(
         is_available=lambda: True,
         device_count=(torch.cuda.device_count if cuda else (lambda: 1)),
         synchronize=(torch.cuda.synchronize if cuda else _noop),
         set_device=(torch.cuda.set_device if cuda else _noop),
         current_device=(torch.cuda.current_device if cuda else (lambda: 0)),
-        current_stream=(torch.cuda.current_stream if cuda else (lambda *a, **k: _CpuStream())),
+        current_stream=(torch.cuda.current_stream if cuda else (lambda *a, **k: current[-1])),
+        default_stream=(torch.cuda.default_stream if cuda else (lambda *a, **k: current[0])),
+        stream=(torch.cuda.stream if cuda else _cpu_stream),
+        set_stream=(torch.cuda.set_stream if cuda else _cpu_set_stream),
         Stream=(torch.cuda.Stream if cuda else _CpuStream),
         Event=(torch.cuda.Event if cuda else _CpuEvent),
         manual_seed=(torch.cuda.manual_seed if cuda else torch.manual_seed),
@@ -113,6 +135,7 @@ def install(verbose: bool = True) -> bool:
     sys.modules["torchair"] = compat
     sys.modules["torchair.scope"] = compat.scope
     sys.modules["torchair.ops"] = compat.ops
+    sys.modules["torchair.inference"] = compat.inference
     configs = types.ModuleType("torchair.configs")
     compiler_config = types.ModuleType("torchair.configs.compiler_config")
     compiler_config.CompilerConfig = compat.CompilerConfig  # type: ignore[attr-defined]

@@ -1,4 +1,4 @@
-"""``torchair.ops``: record / wait / npu_wait_tensor for model code."""
+"""``torchair.ops``: record / wait / npu_wait_tensor and tagged events for model code."""
 
 from __future__ import annotations
 
@@ -6,7 +6,18 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["npu_wait_tensor", "record", "wait"]
+from airstream.ops import tagged
+
+__all__ = [
+    "npu_create_tagged_event",
+    "npu_print",
+    "npu_record_tagged_stream",
+    "npu_tagged_event_record",
+    "npu_tagged_event_wait",
+    "npu_wait_tensor",
+    "record",
+    "wait",
+]
 
 
 def record() -> torch.Tensor:
@@ -34,3 +45,63 @@ def wait(tensors: Sequence[torch.Tensor]) -> None:
 def npu_wait_tensor(self: torch.Tensor, dependency: torch.Tensor) -> torch.Tensor:
     """``self``, with every consumer ordered after ``dependency``'s producer."""
     return torch.ops.air.wait_tensor(self, dependency)
+
+
+def npu_create_tagged_event(tag: str) -> tagged.TaggedEvent:
+    """A process-wide event named ``tag`` (a tag in use raises ``ValueError``)."""
+    return tagged.create_tagged_event(tag)
+
+
+def npu_tagged_event_record(event: tagged.TaggedEvent) -> None:
+    """Record ``event`` on the current stream (compiled: the start of an ordering edge)."""
+    torch.ops.air.tagged_event_record(tagged.tag_of(event))
+
+
+def npu_tagged_event_wait(event: tagged.TaggedEvent) -> None:
+    """Make the current stream wait for the last record of ``event``."""
+    torch.ops.air.tagged_event_wait(tagged.tag_of(event))
+
+
+def npu_record_tagged_stream(input: torch.Tensor, tagged_stream: str) -> None:
+    """Tell the caching allocator that ``input`` is used on the stream named ``tagged_stream``."""
+    torch.ops.air.record_tagged_stream(input, tagged_stream)
+
+
+def _check_print(args: tuple[object, ...], summarize_size: object, tensor_detail: object) -> None:
+    for i, arg in enumerate(args):
+        if not isinstance(arg, (torch.Tensor, str, bool, float, int)):
+            raise TypeError(
+                "position arguments of npu_print() must be torch.Tensor or basic type in "
+                f"(str, bool, float, int), but got '{type(arg).__name__}' at position {i}"
+            )
+    if not any(isinstance(arg, torch.Tensor) for arg in args):
+        raise ValueError("npu_print() requires at least one tensor input")
+    if not isinstance(summarize_size, int):
+        raise TypeError(f"summarize_size must be int, got {type(summarize_size).__name__}")
+    if summarize_size < -1 or summarize_size == 0:
+        raise ValueError(
+            f"summarize_size must be positive or -1 for all elements, got {summarize_size}"
+        )
+    if not isinstance(tensor_detail, bool):
+        raise TypeError(f"tensor_detail must be bool, got {type(tensor_detail).__name__}")
+
+
+def npu_print(*args: object, summarize_size: int = 3, tensor_detail: bool = False) -> None:
+    """Print ``args`` joined by spaces, tensors summarized (``summarize_size`` values from each
+    end of every dim; -1 for all); ``tensor_detail`` adds each tensor's shape and dtype. In a
+    compiled graph the print runs in program order, with the values at that point."""
+    _check_print(args, summarize_size, tensor_detail)
+    plain = " ".join("[]" if isinstance(a, torch.Tensor) else str(a) for a in args)
+    placeholder, i = "{}", 0
+    while placeholder in plain:  # a placeholder that the text itself does not contain
+        placeholder, i = f"{{{i}}}", i + 1
+    parts = []
+    for a in args:
+        if not isinstance(a, torch.Tensor):
+            parts.append(str(a))
+        elif tensor_detail:
+            parts.append(f"tensor({placeholder}, shape={placeholder}, dtype={a.dtype})")
+        else:
+            parts.append(placeholder)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    torch.ops.air.print(tensors, " ".join(parts), placeholder, summarize_size, tensor_detail)

@@ -11,6 +11,7 @@ import torch
 from airstream.ops.library import STREAM_LABEL_KEY, STREAM_PRIORITY_KEY
 
 __all__ = [
+    "data_dump",
     "limit_core_num",
     "npu_stream_switch",
     "npu_wait_tensor",
@@ -72,3 +73,9 @@ def op_never_timeout(enable: bool = True) -> Any:
             f"op_never_timeout() argument 'enable' must be bool, but got {type(enable).__name__}."
         )
     return _scope(["_op_exec_never_timeout"], [str(enable)])
+
+
+def data_dump() -> Any:
+    """Mark the ops inside for GE's data dump: kept as a scope attribute
+    (``torchair_enable_data_dump``), no effect off the NPU."""
+    return _scope(["torchair_enable_data_dump"], ["True"])
