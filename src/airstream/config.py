@@ -34,6 +34,12 @@ class GraphDumpConfig(OptionGroup):
     _OPTIONS = {
         "type": Option(None, choice(None, "txt", "py", "dot", "svg"), "dump format, None = off"),
         "path": Option(".", directory, "directory the dumps are written to"),
+        "naming": Option(
+            "numbered",
+            choice("numbered", "torchair"),
+            "numbered: NNN_<graph>_<step> per step; torchair: TorchAir's names, "
+            "dynamo_original_graph_* and dynamo_optimized_graph_* only",
+        ),
     }
 
 

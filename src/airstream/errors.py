@@ -33,7 +33,7 @@ class PassError(AirstreamError):
         self.graph_kind = graph_kind
 
 
-class StreamError(AirstreamError):
+class StreamError(AirstreamError, RuntimeError):
     """The stream program in a graph is invalid (unpaired scopes, bad waits, deadlock)."""
 
 

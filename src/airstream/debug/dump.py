@@ -9,8 +9,14 @@ One file per step, numbered so ``ls`` shows the order and named for the graph an
     004_inference_plan.txt
     005_inference_summary.txt          (stream allocation summary, every type)
 
+With ``debug.graph_dump.naming = "torchair"`` (set by the TorchAir compat layer) the names are
+TorchAir's and only its two graphs are written: ``dynamo_original_graph_<n>_rank_<r>_pid_<pid>_
+ts_<utc>.<type>`` (the Dynamo graph) and ``dynamo_optimized_graph_<n>_...`` (the graph that runs,
+with its plan); ``n`` counts the graphs of the process.
+
 Types: ``txt`` (each node with its stream; the plan dump adds the steps and syncs), ``py`` (the
-graph's code; the plan dump is the code the executor runs), ``dot`` and ``svg`` (Graphviz; an
+graph's code with each node's source line as a comment; the plan dump is the code the executor
+runs), ``dot`` and ``svg`` (Graphviz; an
 ``svg`` request without Graphviz's ``dot`` on the machine writes the ``.dot`` and warns). On a
 pass failure the graph from before the failing pass is written as ``NNN_<kind>_before_<pass>``.
 """
@@ -26,6 +32,7 @@ import subprocess
 import threading
 import warnings
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import torch.fx
@@ -43,6 +50,7 @@ __all__ = ["DumpObserver", "GraphDumper", "dumper_for"]
 
 _numbers: dict[str, itertools.count[int]] = {}
 _numbers_lock = threading.Lock()
+_graph_ids = itertools.count()  # TorchAir naming: the process's Dynamo graphs, in order
 
 
 def _next_number(directory: str) -> int:
@@ -76,16 +84,42 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")[:80]
 
 
-class GraphDumper:
-    """Writes numbered dumps of one backend's graphs into one directory."""
+def _rank() -> int:
+    import torch.distributed as dist
 
-    def __init__(self, kind: str, path: str) -> None:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+_TORCHAIR_NAMES = {"": "dynamo_original_graph", "plan": "dynamo_optimized_graph"}
+
+
+class GraphDumper:
+    """Writes numbered dumps of one backend's graphs into one directory (or, with ``naming``
+    ``"torchair"``, TorchAir's two files per graph)."""
+
+    def __init__(self, kind: str, path: str, naming: str = "numbered") -> None:
         self.kind = kind
         self.path = os.path.abspath(path)
+        self.naming = naming
         self.written: list[str] = []
+        self._graph_id = 0
 
-    def _next(self, graph_kind: str, step: str, ext: str) -> str:
+    def _torchair_name(self, graph_kind: str, step: str, ext: str) -> str | None:
+        if graph_kind == "dynamo":
+            self._graph_id = next(_graph_ids)
+        base = _TORCHAIR_NAMES.get(step)
+        if base is None:
+            if not step.startswith("before_"):
+                return None  # TorchAir writes no intermediate graphs
+            base = f"dynamo_{graph_kind}_graph_{step}"  # a failed pass: the graph before it
+        stamp = datetime.now(tz=UTC).strftime("%Y%m%d%H%M%S%f")
+        name = f"{base}_{self._graph_id}_rank_{_rank()}_pid_{os.getpid()}_ts_{stamp}.{ext}"
+        return os.path.join(self.path, name)
+
+    def _next(self, graph_kind: str, step: str, ext: str) -> str | None:
         os.makedirs(self.path, exist_ok=True)
+        if self.naming == "torchair":
+            return self._torchair_name(graph_kind, step, ext)
         number = _next_number(self.path)
         name = f"{number:03d}_{graph_kind}_{step}" if step else f"{number:03d}_{graph_kind}"
         return os.path.join(self.path, f"{name}.{ext}")
@@ -114,7 +148,9 @@ class GraphDumper:
                 text += "\n\n# plan\n" + str(plan) + "\n\n" + plan.summary()
             return text + "\n"
         if self.kind == "py":
-            return f"# {title}\n" + (code if code is not None else gm.code)
+            if code is None:  # the graph's code, each node under its source line
+                code = gm.print_readable(print_output=False, include_stride=False)
+            return f"# {title}\n" + code
         return to_dot(gm, streams, plan, title)
 
     def _streams(self, gm: torch.fx.GraphModule) -> StreamAssignment | None:
@@ -137,27 +173,35 @@ class GraphDumper:
         plan: StreamPlan | None = None,
         code: str | None = None,
         text: str | None = None,
-    ) -> str:
+    ) -> str | None:
         """Write one step's dump; returns its path (the .svg, or the .dot when it could not
-        be rendered)."""
+        be rendered), or None when this naming writes no file for the step."""
+        ext = {"txt": "txt", "py": "py"}.get(self.kind, "dot")
+        target = self._next(graph_kind, _slug(step), ext)
+        if target is None:
+            return None
         title = f"{graph_kind} {step}".strip()
         if text is None:
             if streams is None and plan is None:
                 streams = self._streams(gm)
             text = self._render(gm, streams, plan, code, title)
-        ext = {"txt": "txt", "py": "py"}.get(self.kind, "dot")
-        path = self._write(self._next(graph_kind, _slug(step), ext), text)
+        path = self._write(target, text)
         if self.kind == "svg":
             path = self._render_svg(path)
         return path
 
-    def summary(self, graph_kind: str, plan: StreamPlan, segments: Sequence[Any] = ()) -> str:
+    def summary(
+        self, graph_kind: str, plan: StreamPlan, segments: Sequence[Any] = ()
+    ) -> str | None:
         """Write the stream allocation summary of a graph's plan (and its max-autotune
-        segments)."""
+        segments); None when this naming writes no summary."""
+        target = self._next(graph_kind, "summary", "txt")
+        if target is None:
+            return None
         text = plan.summary() + "\n"
         if segments:
             text += "\n" + format_segments(segments) + "\n"
-        return self._write(self._next(graph_kind, "summary", "txt"), text)
+        return self._write(target, text)
 
     def _render_svg(self, dot_path: str) -> str:
         exe = shutil.which("dot")
@@ -177,7 +221,7 @@ class GraphDumper:
 def dumper_for(config: Any) -> GraphDumper | None:
     """The dumper a config asks for, or None when dumps are off."""
     dump = config.debug.graph_dump
-    return None if dump.type is None else GraphDumper(dump.type, dump.path)
+    return None if dump.type is None else GraphDumper(dump.type, dump.path, dump.naming)
 
 
 class DumpObserver(CompileObserver):

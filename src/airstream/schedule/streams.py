@@ -185,7 +185,8 @@ def assign_streams(
             if not stack:
                 raise StreamError(
                     f"{describe(node)} in the {graph_kind} graph closes a scope that was never "
-                    f"opened (no matching scope_enter before it). {_GRAPH_BREAK_HINT}"
+                    "opened: you must first call the torch.ops.air.scope_enter operator, as "
+                    f"scope_enter and scope_exit are called in pairs. {_GRAPH_BREAK_HINT}"
                 )
             stack.pop()
         label = next((s.label for s in reversed(stack) if s.label is not None), None)
@@ -223,8 +224,9 @@ def assign_streams(
         scope = stack[-1]
         what = f"stream scope {scope.label!r}" if scope.label else f"scope {scope.attrs}"
         raise StreamError(
-            f"{describe(scope.node)} in the {graph_kind} graph opens {what} that is never closed "
-            f"(no matching scope_exit). {_GRAPH_BREAK_HINT}"
+            f"{describe(scope.node)} in the {graph_kind} graph opens {what} that is never closed: "
+            "there is no paired call to the torch.ops.air.scope_exit operator. "
+            f"{_GRAPH_BREAK_HINT}"
         )
     return StreamAssignment(
         stream_of=MappingProxyType(stream_of),

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from airstream.compat.torchair.logger import logger
 from airstream.compat.torchair.values import (
     Callback,
     Choice,
@@ -256,24 +257,36 @@ class _NpuGraphExConfig(Group):
     """``npugraphex_config``: empty in TorchAir."""
 
 
+def _graph_name(gm: Any) -> str:
+    """TorchAir's name for the graph in its logs: ``backward`` or ``forward`` (inference too)."""
+    nodes = getattr(getattr(gm, "graph", None), "nodes", ())
+    backward = any(n.op == "placeholder" and n.name.startswith("tangents") for n in nodes)
+    return "backward" if backward else "forward"
+
+
 class _TorchairPass:
     """A custom pass set on the TorchAir config: called as ``fn(gm, example_inputs, config)``
-    with that TorchAir config, as TorchAir calls it (airstream's own config is not passed)."""
+    with that TorchAir config, as TorchAir calls it (airstream's own config is not passed), and
+    logged before and after on the ``torchair`` logger in TorchAir's words."""
 
-    def __init__(self, fn: Callable[..., Any], config: CompilerConfig) -> None:
-        self.fn, self.config = fn, config
+    def __init__(self, fn: Callable[..., Any], config: CompilerConfig, slot: str) -> None:
+        self.fn, self.config, self.slot = fn, config, slot
         functools.update_wrapper(self, fn)  # the pass's name in errors
 
     def __call__(self, gm: Any, example_inputs: Any, _config: Any = None) -> Any:
-        return self.fn(gm, example_inputs, self.config)
+        name = _graph_name(gm)
+        logger.debug("[%s] before [%s] execution, graph is: %s", name, self.slot, gm.graph)
+        result = self.fn(gm, example_inputs, self.config)
+        logger.debug("[%s] after [%s] execution, graph is: %s", name, self.slot, gm.graph)
+        return result
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, _TorchairPass):
             return NotImplemented
-        return self.fn is other.fn and self.config is other.config
+        return (self.fn, self.slot) == (other.fn, other.slot) and self.config is other.config
 
     def __hash__(self) -> int:
-        return hash((id(self.fn), id(self.config)))
+        return hash((id(self.fn), id(self.config), self.slot))
 
     def __repr__(self) -> str:
         return f"{self.fn!r} (called with the TorchAir CompilerConfig)"
@@ -287,15 +300,22 @@ class _Sets:
     convert: Callable[[Any, CompilerConfig], Any] = lambda value, config: value
 
 
-def _wrap_pass(value: Any, config: CompilerConfig) -> Any:
-    return None if value is None else _TorchairPass(value, config)
+def _wrap_pass(slot: str) -> Callable[[Any, CompilerConfig], Any]:
+    def wrap(value: Any, config: CompilerConfig) -> Any:
+        return None if value is None else _TorchairPass(value, config, slot)
+
+    return wrap
 
 
 _AIRSTREAM: dict[str, _Sets] = {
     # TorchAir's npugraph_ex (graph capture and replay) is airstream's reduce-overhead
     "mode": _Sets("mode", lambda v, c: "reduce-overhead" if v == "npugraph_ex" else v),
-    "post_grad_custom_pre_pass": _Sets("post_grad_custom_pre_pass", _wrap_pass),
-    "post_grad_custom_post_pass": _Sets("post_grad_custom_post_pass", _wrap_pass),
+    "post_grad_custom_pre_pass": _Sets(
+        "post_grad_custom_pre_pass", _wrap_pass("post_grad_custom_pre_pass")
+    ),
+    "post_grad_custom_post_pass": _Sets(
+        "post_grad_custom_post_pass", _wrap_pass("post_grad_custom_post_pass")
+    ),
     "debug.run_eagerly": _Sets("debug.run_eagerly"),
     "debug.graph_dump.type": _Sets(
         "debug.graph_dump.type",
@@ -351,6 +371,7 @@ class CompilerConfig(Group):
             if rule is not None:
                 raw = leaf.raw if isinstance(leaf, Value) else leaf
                 air.set_option(rule.target, rule.convert(raw, self))
+        air.debug.graph_dump.naming = "torchair"  # TorchAir's dump file names
         return air
 
     def as_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
