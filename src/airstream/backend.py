@@ -23,9 +23,9 @@ from airstream import torch_internals
 from airstream.config import CompilerConfig
 from airstream.debug.dump import DumpObserver, GraphDumper, dumper_for
 from airstream.decompositions import decomposition_table
+from airstream.effects import effects
 from airstream.errors import ConfigError
 from airstream.observers import CompileObserver, Observers
-from airstream.ops.library import is_air_op
 from airstream.passes.manager import PassManager, PassResult
 from airstream.passes.tagged_events import lower_tagged_events
 from airstream.runtime.codegen import Executor
@@ -76,7 +76,7 @@ def _keep_air_ops_in_forward(joint: torch.fx.GraphModule, joint_inputs: Any, **k
     graph. Backward nodes get their streams from the ``air_stream`` annotation instead.
     """
     for node in joint.graph.nodes:
-        if node.op == "call_function" and is_air_op(node.target):
+        if node.op == "call_function" and effects(node).air:  # air ops, prints, tagged events
             torch_internals.keep_in_forward(node)
     # The partitioner's own CSE (off here) would merge identical markers (two stream blocks with
     # the same label, two records) and so move nodes off their stream; airstream's region-aware

@@ -117,8 +117,12 @@ def installed_device() -> str | None:
     return _state.get("device")
 
 
-def install(verbose: bool = True) -> bool:
-    """Install the shims; return False (and change nothing) when a real torch_npu exists."""
+def install(verbose: bool = True, *, device_mode: bool = True) -> bool:
+    """Install the shims; return False (and change nothing) when a real torch_npu exists.
+
+    ``device_mode=False`` leaves out the one process-wide piece, the torch function mode that
+    rewrites ``device="npu"`` arguments (a test suite that shares its process with other tests
+    uses it; ``.npu()``, ``torch.npu`` and the module names are still installed)."""
     if "device" in _state:
         return True
     if _real_torch_npu():
@@ -147,8 +151,9 @@ def install(verbose: bool = True) -> bool:
     torch.npu = shim.npu  # type: ignore[attr-defined]
     torch.Tensor.npu = lambda self, *a, **k: self.to(target)  # type: ignore[attr-defined]
     torch.nn.Module.npu = lambda self, *a, **k: self.to(target)  # type: ignore[attr-defined]
-    mode = _NpuDeviceMode(target)
-    mode.__enter__()  # for the rest of the process, on this thread
+    mode = _NpuDeviceMode(target) if device_mode else None
+    if mode is not None:
+        mode.__enter__()  # for the rest of the process, on this thread
     _state.update(device=target, mode=mode)
     if verbose:
         print(
