@@ -17,7 +17,7 @@ from typing import Any
 from airstream.backend import AirstreamBackend, GraphCompiler
 from airstream.backend import get_backend as _get_backend
 from airstream.backend import get_compiler as _get_compiler
-from airstream.compat.torchair import core, inference, ops, scope
+from airstream.compat.torchair import core, inference, npu_profiler, ops, scope
 from airstream.compat.torchair.config import CompilerConfig
 from airstream.compat.torchair.install import install, installed_device
 from airstream.compat.torchair.logger import logger
@@ -31,6 +31,7 @@ __all__ = [
     "install",
     "installed_device",
     "logger",
+    "npu_profiler",
     "ops",
     "scope",
 ]

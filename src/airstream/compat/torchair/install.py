@@ -112,6 +112,14 @@ def _npu_namespace(target: str) -> types.SimpleNamespace:
     )
 
 
+def _register_npu_backend(compat: Any) -> None:
+    """``torch.compile(backend="npu")``: torch_npu registers TorchAir's default backend so."""
+    from torch._dynamo import list_backends, register_backend
+
+    if "npu" not in list_backends(exclude_tags=()):
+        register_backend(compat.get_npu_backend(), name="npu")
+
+
 def installed_device() -> str | None:
     """The device ``npu`` maps to, or None when nothing was installed."""
     return _state.get("device")
@@ -135,7 +143,9 @@ def install(verbose: bool = True, *, device_mode: bool = True) -> bool:
     shim = types.ModuleType("torch_npu")
     shim._airstream_shim = True  # type: ignore[attr-defined]
     shim.npu = _npu_namespace(target)  # type: ignore[attr-defined]
+    shim.profiler = compat.npu_profiler  # type: ignore[attr-defined]
     sys.modules["torch_npu"] = shim
+    sys.modules["torch_npu.profiler"] = compat.npu_profiler
     sys.modules["torchair"] = compat
     sys.modules["torchair.scope"] = compat.scope
     sys.modules["torchair.ops"] = compat.ops
@@ -149,6 +159,7 @@ def install(verbose: bool = True, *, device_mode: bool = True) -> bool:
     sys.modules["torchair.core"] = compat.core
     sys.modules["torchair.core.utils"] = compat.core.utils
     torch.npu = shim.npu  # type: ignore[attr-defined]
+    _register_npu_backend(compat)
     torch.Tensor.npu = lambda self, *a, **k: self.to(target)  # type: ignore[attr-defined]
     torch.nn.Module.npu = lambda self, *a, **k: self.to(target)  # type: ignore[attr-defined]
     mode = _NpuDeviceMode(target) if device_mode else None
