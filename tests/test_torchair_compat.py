@@ -209,10 +209,10 @@ EFFECTIVE = {
         False,
     ),
     "ge_config.enable_single_stream": (True, "ge_config.enable_single_stream", True),
+    "debug.data_dump.type": ("npy", "debug.data_dump.type", "npy"),
 }
 NO_EFFECT = {
     "debug.fx_summary.type": "csv",
-    "debug.data_dump.type": "npy",
     "debug.aclgraph.clone_input": False,
     "debug.aclgraph.static_capture_size_limit": 8,
     "debug.deadlock_check": True,

@@ -32,6 +32,7 @@ from airstream.runtime.codegen import Executor
 from airstream.runtime.cpu import CpuExecutor
 from airstream.runtime.cuda import CudaExecutor
 from airstream.runtime.cuda_graphs import CudaGraphExecutor
+from airstream.runtime.data_dump import DataDumpExecutor
 from airstream.runtime.serial import SerialExecutor
 from airstream.schedule.fuse import CompiledSegment, fuse_streams
 from airstream.schedule.plan import StreamPlan, build_plan
@@ -134,7 +135,8 @@ class GraphCompiler:
         streams = assign_streams(gm, single_stream=single, graph_kind=kind)
         plan = build_plan(gm, streams)
         segments: tuple[CompiledSegment, ...] = ()
-        if config.mode == "max-autotune":
+        dumping = config.debug.data_dump.type is not None  # runs node by node: nothing to fuse
+        if config.mode == "max-autotune" and not dumping:
             segments = fuse_streams(
                 gm,
                 plan,
@@ -154,10 +156,14 @@ class GraphCompiler:
         return executor
 
     def _executor(self, gm: torch.fx.GraphModule, plan: StreamPlan, kind: str) -> Executor:
-        """Serial for run_eagerly; CUDA streams (and graphs) on CUDA; threads on CPU.
+        """Node by node for data_dump; serial for run_eagerly; CUDA streams (and graphs) on
+        CUDA; threads on CPU.
 
         A CPU graph with nothing off the main stream runs serially: no thread to hand off to.
         """
+        dump = self.config.debug.data_dump
+        if dump.type is not None:
+            return DataDumpExecutor(gm, dump.path, dump.filter)
         if self.config.debug.run_eagerly:
             return SerialExecutor(gm, plan)
         device = _cuda_device(gm)
@@ -218,7 +224,7 @@ class AirstreamBackend:
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
     ) -> Callable[..., Any]:
         torch_internals.require("core")
-        config = self.config
+        config = self.config_for(kwargs)
         subscribers: list[CompileObserver] = [_Record(self.graphs, self._lock), *self.observers]
         dumper = dumper_for(config)
         if dumper is not None:
@@ -236,6 +242,27 @@ class AirstreamBackend:
             keep_inference_input_mutations=config.experimental_config.keep_inference_input_mutations,
         )
         return aot(gm, example_inputs)
+
+    def config_for(self, compile_kwargs: Mapping[str, Any]) -> CompilerConfig:
+        """The config a graph compiles with: this backend's, with ``torch.compile(...,
+        options={dotted path: value})`` applied to a copy (``mode=`` too, when it is one of
+        airstream's modes). Anything else torch.compile passes on is an error, not ignored."""
+        options = compile_kwargs.get("options")
+        mode = compile_kwargs.get("mode")
+        unknown = sorted(set(compile_kwargs) - {"options", "mode"})
+        if unknown:
+            raise ConfigError(f"airstream's backend takes options= and mode=, not {unknown}")
+        if not options and mode in (None, "default"):
+            return self.config
+        config = self.config.copy()
+        try:
+            for path, value in (options or {}).items():
+                config.set_option(path, value)
+            if mode not in (None, "default"):
+                config.mode = mode
+        except ConfigError as exc:
+            raise ConfigError(f"torch.compile(..., options=/mode=): {exc}") from None
+        return config
 
     def __repr__(self) -> str:
         return f"AirstreamBackend({self.config!r})"

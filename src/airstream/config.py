@@ -43,11 +43,28 @@ class GraphDumpConfig(OptionGroup):
     }
 
 
+def _filter(path: str, value: object) -> object:
+    if value is not None and not callable(value):
+        raise TypeError(f"{path} must be None or a callable filter(node) -> node | None")
+    return value
+
+
+class DataDumpConfig(OptionGroup):
+    """``debug.data_dump``: save every op's tensors while the graph runs serially."""
+
+    _PATH = "debug.data_dump"
+    _OPTIONS = {
+        "type": Option(None, choice(None, "npy"), "npy: dump each op's inputs/outputs; None = off"),
+        "path": Option(".", directory, "directory the worldsize*_global_rank* folders go in"),
+        "filter": Option(None, _filter, "filter(node) -> node to dump, or None to skip it"),
+    }
+
+
 class DebugConfig(OptionGroup):
     """``debug``: dumps, reference execution and pass verification."""
 
     _PATH = "debug"
-    _GROUPS = {"graph_dump": GraphDumpConfig}
+    _GROUPS = {"graph_dump": GraphDumpConfig, "data_dump": DataDumpConfig}
     _OPTIONS = {
         "run_eagerly": Option(
             False, boolean, "run the optimized graph serially, in graph order (reference)"

@@ -12,7 +12,8 @@ One file per step, numbered so ``ls`` shows the order and named for the graph an
 With ``debug.graph_dump.naming = "torchair"`` (set by the TorchAir compat layer) the names are
 TorchAir's and only its two graphs are written: ``dynamo_original_graph_<n>_rank_<r>_pid_<pid>_
 ts_<utc>.<type>`` (the Dynamo graph) and ``dynamo_optimized_graph_<n>_...`` (the graph that runs,
-with its plan); ``n`` counts the graphs of the process.
+with its plan); ``n`` counts the graphs of the process. A ``py`` dump is then the FX graph in
+both files (the optimized one is the aten graph that runs, not the executor's code).
 
 Types: ``txt`` (each node with its stream; the plan dump adds the steps and syncs), ``py`` (the
 graph's code with each node's source line as a comment; the plan dump is the code the executor
@@ -148,7 +149,7 @@ class GraphDumper:
                 text += "\n\n# plan\n" + str(plan) + "\n\n" + plan.summary()
             return text + "\n"
         if self.kind == "py":
-            if code is None:  # the graph's code, each node under its source line
+            if code is None or self.naming == "torchair":  # the graph, each node's source line
                 code = gm.print_readable(print_output=False, include_stride=False)
             return f"# {title}\n" + code
         return to_dot(gm, streams, plan, title)

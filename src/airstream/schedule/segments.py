@@ -11,8 +11,10 @@ needs a value before it ends: fusing it into one step never crosses a stream or 
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import torch
 import torch.fx
 
 from airstream.effects import fusible
@@ -66,10 +68,25 @@ def _runs(program: StreamSteps) -> list[list[torch.fx.Node]]:
     return runs
 
 
+# aten's CPU kernels cover few ops for these dtypes (``add`` on uint16 raises
+# NotImplementedError); Inductor generates code for them, so a run using one is compiled
+# however short it is.
+_COMPILED_ONLY_DTYPES = frozenset({torch.uint16, torch.uint32, torch.uint64})
+
+
+def _needs_codegen(run: Sequence[torch.fx.Node]) -> bool:
+    for node in run:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.dtype in _COMPILED_ONLY_DTYPES:
+            return True
+    return False
+
+
 def find_segments(plan: StreamPlan, min_ops: int = 2) -> list[Segment]:
     """The segments of every stream of ``plan`` with at least ``min_ops`` operators.
 
-    Shorter runs stay single aten steps: compiling one op buys no fusion.
+    Shorter runs stay single aten steps: compiling one op buys no fusion (except for the wide
+    unsigned dtypes, which only Inductor's code computes on CPU).
     """
     segments: list[Segment] = []
     for program in plan.streams:
@@ -77,7 +94,7 @@ def find_segments(plan: StreamPlan, min_ops: int = 2) -> list[Segment]:
         for run in _runs(program):
             name = f"segment_{_label_name(program.label)}_{index}"
             segment = Segment(name, program.label, tuple(n.name for n in run), tuple(run))
-            if segment.ops >= min_ops:
+            if segment.ops >= min_ops or _needs_codegen(run):
                 segments.append(segment)
                 index += 1
     return segments

@@ -14,10 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from airstream.backend import AirstreamBackend, GraphCompiler
-from airstream.backend import get_backend as _get_backend
+import torch
+
+from airstream.backend import GraphCompiler
 from airstream.backend import get_compiler as _get_compiler
 from airstream.compat.torchair import core, inference, npu_profiler, ops, scope
+from airstream.compat.torchair.backend import TorchairBackend
 from airstream.compat.torchair.config import CompilerConfig
 from airstream.compat.torchair.install import install, installed_device
 from airstream.compat.torchair.logger import logger
@@ -33,7 +35,9 @@ __all__ = [
     "logger",
     "npu_profiler",
     "ops",
+    "patch_for_hcom",
     "scope",
+    "use_internal_format_weight",
 ]
 
 
@@ -51,11 +55,29 @@ def _air(config: CompilerConfig | None) -> Any:
 def get_npu_backend(
     compiler_config: CompilerConfig | None = None,
     custom_decompositions: Mapping[Any, Callable[..., Any]] | None = None,
-) -> AirstreamBackend:
-    """TorchAir's backend factory: airstream's backend with the config's options."""
-    return _get_backend(_air(compiler_config), decompositions=dict(custom_decompositions or {}))
+) -> TorchairBackend:
+    """TorchAir's backend factory: airstream's backend with the config's options (and
+    ``torch.compile(..., options={...})`` in TorchAir's option names)."""
+    _air(compiler_config)  # checks the type
+    config = compiler_config if compiler_config is not None else CompilerConfig()
+    return TorchairBackend(config, dict(custom_decompositions or {}))
 
 
 def get_compiler(compiler_config: CompilerConfig | None = None) -> GraphCompiler:
     """TorchAir's AOTAutograd compiler factory."""
     return _get_compiler(_air(compiler_config))
+
+
+def patch_for_hcom() -> None:
+    """TorchAir's collective patches for old torch: nothing to patch on torch >= 2.3.1 (as
+    TorchAir itself says); airstream handles collectives in graphs on its own."""
+    logger.warning(
+        "For versions 2.3.1 and above of PyTorch, there is no need to call patch_for_hcom anymore."
+    )
+
+
+def use_internal_format_weight(model: torch.nn.Module) -> None:
+    """Cast weights to the NPU's internal layouts: there are none off the NPU, so the model is
+    left as it is."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"use_internal_format_weight expects a torch.nn.Module, got {model!r}")

@@ -322,6 +322,9 @@ _AIRSTREAM: dict[str, _Sets] = {
         lambda v, c: "txt" if v == "pbtxt" else v,  # pbtxt: GE's format
     ),
     "debug.graph_dump._dir": _Sets("debug.graph_dump.path", lambda v, c: v or "."),
+    "debug.data_dump.type": _Sets("debug.data_dump.type"),
+    "debug.data_dump._dir": _Sets("debug.data_dump.path", lambda v, c: v or "."),
+    "debug.data_dump.filter": _Sets("debug.data_dump.filter"),
     "experimental_config.keep_inference_input_mutations": _Sets(
         "experimental_config.keep_inference_input_mutations"
     ),
@@ -329,7 +332,10 @@ _AIRSTREAM: dict[str, _Sets] = {
     "experimental_config.enable_view_optimize": _Sets("experimental_config.enable_view_optimize"),
     "ge_config.enable_single_stream": _Sets("ge_config.enable_single_stream"),
 }
-_SETTABLE_ALIASES = {"debug.graph_dump.path": "debug.graph_dump._dir"}
+_SETTABLE_ALIASES = {
+    "debug.graph_dump.path": "debug.graph_dump._dir",
+    "debug.data_dump.path": "debug.data_dump._dir",
+}
 
 
 class CompilerConfig(Group):

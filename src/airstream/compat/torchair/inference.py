@@ -82,9 +82,11 @@ def cache_compile(
     tp_rank: int | None = None,
     pp_rank: int | None = None,
     custom_decompositions: Mapping[Any, Callable[..., Any]] | None = None,
+    ge_cache: bool = False,
     **kwargs: Any,
 ) -> Callable[..., Any]:
-    """``func`` compiled with airstream and TorchAir's ``config`` (compiled once per process)."""
+    """``func`` compiled with airstream and TorchAir's ``config`` (compiled once per process).
+    ``ge_cache`` (GE's own compiled-graph cache) has nothing to cache here."""
     from airstream.compat.torchair import get_npu_backend
 
     if kwargs:

@@ -144,6 +144,8 @@ def install(verbose: bool = True, *, device_mode: bool = True) -> bool:
     shim._airstream_shim = True  # type: ignore[attr-defined]
     shim.npu = _npu_namespace(target)  # type: ignore[attr-defined]
     shim.profiler = compat.npu_profiler  # type: ignore[attr-defined]
+    # NPU memory formats do not exist here: a format cast keeps the layout (a copy, as a cast)
+    shim.npu_format_cast = lambda t, *a, **k: t.clone()  # type: ignore[attr-defined]
     sys.modules["torch_npu"] = shim
     sys.modules["torch_npu.profiler"] = compat.npu_profiler
     sys.modules["torchair"] = compat
