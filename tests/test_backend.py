@@ -268,3 +268,18 @@ def test_observers_receive_compile_events_and_bad_ones_are_named() -> None:
     ]
     with pytest.raises(TypeError, match=r"observers\[0\] must be an airstream.observers"):
         airstream.get_backend(observers=[print])  # type: ignore[list-item]
+
+
+def test_compile_options_apply_to_a_backend_instance() -> None:
+    backend = airstream.get_backend()
+    compiled = torch.compile(
+        lambda x: x.cos(), backend=backend, options={"debug.run_eagerly": True}
+    )
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), x.cos())
+    assert type(backend.graphs[-1].executor).__name__ == "SerialExecutor"
+    assert backend.config.debug.run_eagerly is False, "the backend's own config is unchanged"
+    torch.compiler.reset()
+    bad = torch.compile(lambda x: x.cos(), backend=backend, options={"debug.run_eagrly": True})
+    with pytest.raises(Exception, match="Did you mean 'debug.run_eagerly'"):
+        bad(x)

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from tests.conftest import assert_same, cause_of, compile_model, graph_of
 
 import airstream
 from airstream import torch_internals
-from conftest import assert_same, cause_of, compile_model, graph_of
 
 funcol = torch_internals.functional_collectives()
 all_reduce = torch_internals.collective_op("all_reduce")

@@ -282,3 +282,60 @@ def test_profile_unregisters_on_exit() -> None:
     with airstream.profile():
         assert trace.tracing_wanted()
     assert not trace.tracing_wanted(), "a finished profile must stop tracing calls"
+
+
+def test_data_dump_writes_each_ops_inputs_and_outputs_per_call(tmp_path: Path) -> None:
+    import numpy as np
+
+    config = airstream.CompilerConfig()
+    config.debug.data_dump.type = "npy"
+    config.debug.data_dump.path = str(tmp_path)
+    config.debug.data_dump.filter = lambda node: None if node.name.startswith("sub") else node
+    compiled = torch.compile(
+        lambda x, y: (x + y).sub(1), backend=airstream.get_backend(compiler_config=config)
+    )
+    x, y = torch.randn(2, 3), torch.randn(2, 3)
+    torch.testing.assert_close(compiled(x, y), (x + y).sub(1))
+    compiled(x, y)
+    rank = tmp_path / "worldsize1_global_rank0"
+    (graph,) = rank.iterdir()
+    assert graph.name.startswith("graph_")
+    assert sorted(p.name for p in graph.iterdir()) == ["0", "1"], "one folder per call"
+    files = sorted(p.name for p in (graph / "0").iterdir())
+    assert len(files) == 3, files  # add: two inputs, one output; sub filtered out
+    assert all(f.startswith("add-aten.add.Tensor.") and f.endswith(".npy") for f in files)
+    out = next(f for f in files if ".OUTPUT.0." in f)
+    np.testing.assert_allclose(np.load(graph / "0" / out), (x + y).numpy())
+
+
+def test_data_dump_into_a_file_raises_on_the_first_call(tmp_path: Path) -> None:
+    config = airstream.CompilerConfig()
+    config.debug.data_dump.type = "npy"
+    (tmp_path / "file").write_text("")
+    config.debug.data_dump.path = str(tmp_path / "file")
+    compiled = torch.compile(lambda x: x * 2, backend=airstream.get_backend(compiler_config=config))
+    with pytest.raises(NotADirectoryError):
+        compiled(torch.randn(2))
+
+
+def test_torchair_dump_names_and_source_lines(tmp_path: Path) -> None:
+    config = airstream.CompilerConfig()
+    config.debug.graph_dump.type = "py"
+    config.debug.graph_dump.path = str(tmp_path)
+    config.debug.graph_dump.naming = "torchair"
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        return x.sin() + 1
+
+    torch.compile(model, backend=airstream.get_backend(compiler_config=config))(torch.randn(3))
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert len(names) == 2, names  # only the original and the optimized graph
+    assert names[0].startswith("dynamo_optimized_graph_") and names[1].startswith(
+        "dynamo_original_graph_"
+    )
+    graph_id = names[1].split("_")[3]
+    assert names[0].split("_")[3] == graph_id and "_rank_0_pid_" in names[0]
+    for name in names:
+        text = (tmp_path / name).read_text()
+        assert "code: return x.sin() + 1" in text, text  # each node under its source line
+    assert "torch.ops.aten.sin.default" in (tmp_path / names[0]).read_text()

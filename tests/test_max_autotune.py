@@ -12,13 +12,13 @@ import operator
 
 import pytest
 import torch
+from tests.conftest import assert_same, cause_of, compile_model, graph_of
 
 import airstream
 import airstream.schedule.fuse as inductor_runtime
 from airstream.effects import fusible
 from airstream.nodes import segment_of
 from airstream.schedule.plan import Record, Wait
-from conftest import assert_same, cause_of, compile_model, graph_of
 from plan_checks import simulate
 
 

@@ -178,3 +178,63 @@ def test_a_builtin_that_drops_an_air_op_is_caught(monkeypatch: pytest.MonkeyPatc
     compiled, _ = compile_model(Model(), config)
     with pytest.raises(Exception, match=r"_erase_wait.*changed the air ops.*removed \['wait"):
         compiled(torch.randn(3, 3))
+
+
+class _Copies(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = x.clone() + y  # the clone is only read: removed
+        b = torch.cat([y], 0).repeat(1, 1) * 1  # cat of one, repeat by ones, * 1: removed
+        c = torch.nn.functional.pad(a, [0, 0, 0, 0]) ** 1  # zero pad, ** 1: removed
+        return c, b + x.ceil()  # ceil of a float: a real op, kept
+
+
+def test_remove_noop_ops_drops_copies_equal_to_their_input() -> None:
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    kept = _run(_Copies(), _only(), x, y)
+    removed = _run(_Copies(), _only("remove_noop_ops"), x, y)
+    for op in (aten.clone.default, aten.cat.default, aten.repeat.default, aten.mul.Tensor):
+        assert count(kept, op) == 1 and count(removed, op) == 0, op
+    assert count(removed, aten.constant_pad_nd.default) == 0
+    assert count(removed, aten.pow.Tensor_Scalar) == 0
+    assert count(removed, aten.ceil.default) == 1, "ceil of a float changes values"
+
+
+class _CopyOfInputReturned(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x.clone(), x + 0
+
+
+class _CopyThenInputWritten(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        saved = x.clone()
+        x.mul_(2)  # the input is written after the clone read it
+        return saved + x
+
+
+def test_copies_that_would_share_memory_are_kept() -> None:
+    x = torch.randn(5)
+    gm = _run(_CopyOfInputReturned(), _only("remove_noop_ops"), x)
+    assert count(gm, aten.clone.default) == 1 and count(gm, aten.add.Tensor) == 1
+    compiled, _ = compile_model(_CopyOfInputReturned(), _only("remove_noop_ops"))
+    a, b = compiled(x)
+    assert a.data_ptr() != x.data_ptr() and b.data_ptr() != x.data_ptr()
+
+    compiled, backend = compile_model(_CopyThenInputWritten(), _only("remove_noop_ops"))
+    x1, x2 = torch.randn(5), None
+    x2 = x1.clone()
+    with torch.no_grad():
+        assert_same(compiled(x1), _CopyThenInputWritten()(x2))
+    assert_same(x1, x2)
+    assert count(graph_of(backend, "inference").graph_module, aten.clone.default) == 1
+
+
+def test_wide_unsigned_dtypes_run_as_compiled_code_in_max_autotune() -> None:
+    config = airstream.CompilerConfig()
+    config.mode = "max-autotune"
+    for dtype in (torch.uint16, torch.uint32, torch.uint64):
+        torch.compiler.reset()
+        compiled, backend = compile_model(lambda a, b: a + b, config)
+        a = torch.arange(6).to(dtype)  # (aten has no CPU arange or add for these dtypes)
+        out = compiled(a, a)
+        assert out.dtype == dtype and out.to(torch.int64).tolist() == [2 * i for i in range(6)]
+        assert len(graph_of(backend, "inference").segments) == 1, "one op, still compiled"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.conftest import assert_same, compile_model, graph_of
+from tests.conftest import assert_same, compile_model, count, graph_of
 
 import airstream
 import airstream.compat.torchair as torchair
@@ -429,3 +429,108 @@ def test_the_torchair_logger_under_run_torchair(tmp_path: Path, debug: str, leve
     assert result.returncode == 0, result.stderr
     assert f"level {level}" in result.stdout
     assert "[ERROR] TORCHAIR(" in result.stdout and "an error line" in result.stdout
+
+
+# ---- tagged events, npu_print, options= --------------------------------------------------------
+
+
+def test_tagged_events_pair_into_an_edge_and_unknown_events_are_refused() -> None:
+    event = torchair.ops.npu_create_tagged_event("compat_edge")
+    with pytest.raises(ValueError, match="^tagged event tag compat_edge is already in use"):
+        torchair.ops.npu_create_tagged_event("compat_edge")
+    with pytest.raises(ValueError, match="^tagged event .* is not in use"):
+        torchair.ops.npu_tagged_event_record(object())
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        with torchair.scope.npu_stream_switch("side"):
+            y = x.exp()
+            torchair.ops.npu_tagged_event_record(event)
+        z = x.sin()  # main runs this before it waits
+        torchair.ops.npu_tagged_event_wait(event)
+        torchair.ops.npu_record_tagged_stream(y, "side")
+        return y + z
+
+    compiled, backend = compile_model(model, fullgraph=True)
+    x = torch.randn(8)
+    assert_same(compiled(x), model(x))
+    graph = graph_of(backend, "inference")
+    gm = graph.graph_module
+    assert count(gm, torch.ops.air.tagged_event_wait.default) == 0, "paired: lowered to a wait"
+    assert count(gm, torch.ops.air.record_tagged_stream.default) == 0
+    assert count(gm, torch.ops.air.tagged_event_record.default) == 1, "the record still runs"
+    syncs = {(s.producer.name, s.reason) for s in graph.plan.syncs}
+    assert ("exp", "control") in syncs, syncs  # main waits for the side stream's work so far
+    assert graph.streams.stream_of["tagged_event_record"] == "side"
+
+
+def test_an_unpaired_tagged_wait_runs_as_a_step() -> None:
+    event = torchair.ops.npu_create_tagged_event("compat_unpaired")
+    torchair.ops.npu_tagged_event_record(event)  # recorded in eager code, before the graph
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        torchair.ops.npu_tagged_event_wait(event)
+        return x * 3
+
+    compiled, backend = compile_model(model, fullgraph=True)
+    x = torch.randn(4)
+    assert_same(compiled(x), x * 3)
+    gm = graph_of(backend, "inference").graph_module
+    assert count(gm, torch.ops.air.tagged_event_wait.default) == 1
+
+
+def test_npu_print_stays_in_the_graph_in_program_order(capsys: pytest.CaptureFixture[str]) -> None:
+    def model(x: torch.Tensor) -> torch.Tensor:
+        torchair.ops.npu_print("x =", x, summarize_size=2)
+        y = x * 2
+        torchair.ops.npu_print("y =", y, tensor_detail=True)
+        return y
+
+    compiled, backend = compile_model(model, fullgraph=True)
+    x = torch.arange(6.0)
+    assert_same(compiled(x), x * 2)
+    assert capsys.readouterr().out.splitlines() == [
+        "x = [0 1 ... 4 5]",
+        "y = tensor([0 2 4 6 8 10], shape=[6], dtype=torch.float32)",  # 6 <= 2 * 3: all
+    ]
+    assert count(graph_of(backend, "inference").graph_module, torch.ops.air.print.default) == 2
+    with pytest.raises(ValueError, match="requires at least one tensor input"):
+        torchair.ops.npu_print("no tensor")
+    with pytest.raises(TypeError, match="summarize_size must be int, got str"):
+        torchair.ops.npu_print(x, summarize_size="3")  # type: ignore[arg-type]
+
+
+def test_torchair_options_in_torch_compile() -> None:
+    backend = torchair.get_npu_backend(compiler_config=torchair.CompilerConfig())
+    compiled = torch.compile(torch.cos, backend=backend, options={"force_eager": True})
+    x = torch.randn(3)
+    assert_same(compiled(x), torch.cos(x))
+    assert type(backend.graphs[-1].executor).__name__ == "SerialExecutor"
+    torch.compiler.reset()
+    bad = torch.compile(torch.cos, backend=backend, options={"nope": True})
+    with pytest.raises(Exception, match="Invalid option 'nope', allowed options"):
+        bad(x)
+
+
+def test_doc_style_script_with_backend_npu_and_the_npu_profiler(tmp_path: Path) -> None:
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import torch, torch_npu, torchair\n"
+        "opt = torch.compile(lambda x: x.exp(), backend='npu')\n"
+        "x = torch.randn(3).npu()\n"
+        "with torch_npu.profiler.profile(\n"
+        "        activities=[torch_npu.profiler.ProfilerActivity.NPU,\n"
+        "                    torch_npu.profiler.ProfilerActivity.CPU],\n"
+        "        with_stack=True,\n"
+        "        experimental_config=torch_npu.profiler._ExperimentalConfig(\n"
+        "            profiler_level=torch_npu.profiler.ProfilerLevel.Level2),\n"
+        "        schedule=torch_npu.profiler.schedule(wait=0, warmup=0, active=1, repeat=1),\n"
+        "        on_trace_ready=torch_npu.profiler.tensorboard_trace_handler('./prof')) as prof:\n"
+        "    y = opt(x)\n"
+        "prof.step()\n"
+        "torchair.patch_for_hcom()\n"
+        "print('same', bool(torch.allclose(y, x.exp())))\n"
+    )
+    result = _run_torchair(script, dict(os.environ))
+    assert result.returncode == 0, result.stderr
+    assert "same True" in result.stdout
+    assert list((tmp_path / "prof").glob("*.json")), "the trace was written"

@@ -1,9 +1,9 @@
 """TorchAir's own tests, ported (see docs/torchair-tests.md for the table).
 
 Each test names the upstream test it ports with ``@upstream("tests/st/<file>.py::<test>")``;
-``tools/torchair_port_table.py`` reads those names to build the table. The compat layer is
-installed once for this folder, without the process-wide ``device="npu"`` rewrite (the tests
-run on CPU tensors, as upstream's ST tests do), so ``import torchair`` resolves to airstream.
+``tools/torchair_port_table.py`` reads those names to build the table. ``import torchair``
+resolves to airstream's compat layer; the torch_npu stand-in is installed around each test
+(without the ``device="npu"`` rewrite: the tests run on CPU tensors, as upstream's ST tests do).
 """
 
 from __future__ import annotations
@@ -17,9 +17,18 @@ from collections.abc import Iterator
 
 import pytest
 
-from airstream.compat.torchair import install
+from airstream.compat.torchair.install import alias_torchair, install, uninstall
 
-install(verbose=False, device_mode=False)
+alias_torchair()  # the test modules import torchair when they are collected
+
+
+@pytest.fixture(autouse=True)
+def _torch_npu_stand_in() -> Iterator[None]:
+    """torch_npu, torch.npu and .npu() for each test here, taken back after it (the rest of the
+    suite runs in the same process and must not see an NPU)."""
+    install(verbose=False, device_mode=False)
+    yield
+    uninstall()
 
 
 def upstream(*names: str) -> pytest.MarkDecorator:

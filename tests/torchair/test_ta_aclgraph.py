@@ -277,7 +277,7 @@ def test_aclgraph_dynamic_sym_in_scale_and_tensor() -> None:
         x2 = torch.randn(6, 2)
         _same_as_eager(compiled, model, x2, 4)
         assert len(_compiled_graphs(backend)) == 1
-        torch._dynamo.reset()
+        torch.compiler.reset()
         _same_as_eager(compiled, model, x2, 5.0)
     assert len(_compiled_graphs(backend)) == 2
 
@@ -1292,7 +1292,7 @@ def test_enable_remove_noop_ops_slice_acl() -> None:
         x, y = torch.randn(2, 2), torch.randn(2, 2)
         _close(compiled(x=x, y=y), x + y)
         assert (aten.slice.Tensor in _targets(_last(backend))) is has_slice
-        torch._dynamo.reset()
+        torch.compiler.reset()
 
 
 class _ZerosCopy(torch.nn.Module):
@@ -1395,7 +1395,7 @@ def test_debug_compare_fx_graphs(debug_logger: logging.Logger) -> None:
         "aten.transpose.int": None,
     }
 
-    torch._dynamo.reset()
+    torch.compiler.reset()
     debug_logger.setLevel(logging.INFO)
     with capture_logger() as log:
         _same_as_eager(compiled, Network(), *inputs)

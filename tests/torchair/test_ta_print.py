@@ -43,7 +43,7 @@ BACKENDS = pytest.mark.parametrize("backend", ["aot_eager", "airstream"])
 def _fresh_dynamo():
     """Shared helper functions would otherwise pile up recompiles past Dynamo's limit (and then
     run eagerly without notice)."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     yield
 
 

@@ -173,6 +173,39 @@ def lookup_backend(name: str) -> Any:
     return _get("backend_registry")(name)
 
 
+@_feature(
+    "mark_dynamic",
+    "torch._dynamo.mark_dynamic",
+    "torchair",
+    "torchair.inference.set_dim_gears: the dims it names become dynamic",
+)
+def _probe_mark_dynamic() -> Callable[..., None]:
+    return _attr("torch._dynamo:mark_dynamic")
+
+
+def mark_dynamic(t: Any, dim: int) -> None:
+    """Compile ``t``'s dim ``dim`` as a dynamic size."""
+    _get("mark_dynamic")(t, dim)
+
+
+@_feature(
+    "register_backend",
+    "torch._dynamo.register_backend and torch._dynamo.list_backends",
+    "torchair",
+    "torch.compile(backend='npu') in TorchAir scripts, as torch_npu registers it",
+)
+def _probe_register_backend() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    return _attr("torch._dynamo:register_backend"), _attr("torch._dynamo:list_backends")
+
+
+def register_backend(name: str, compiler_fn: Callable[..., Any]) -> None:
+    """Make ``torch.compile(backend=name)`` use ``compiler_fn`` (once; later calls keep the
+    first)."""
+    register, listed = _get("register_backend")
+    if name not in listed(exclude_tags=()):
+        register(compiler_fn, name=name)
+
+
 # --- collectives ------------------------------------------------------------------------------
 
 

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from airstream import torch_internals
+
 __all__ = ["cache_compile", "readable_cache", "set_dim_gears"]
 
 
@@ -51,6 +53,7 @@ def _check_gears(t: torch.Tensor, dim_gears: Mapping[Any, Any]) -> None:
 def set_dim_gears(t: torch.Tensor, dim_gears: dict[int, list[int] | tuple[int, ...]]) -> None:
     """Declare the sizes (gears) each dim of ``t`` takes; the dims become dynamic. Setting
     different gears on the same tensor again raises ``AssertionError``."""
+    torch_internals.require("torchair")
     current = getattr(t, "dim_gears", None)
     if current is not None and current != dim_gears:
         raise AssertionError(
@@ -58,7 +61,7 @@ def set_dim_gears(t: torch.Tensor, dim_gears: dict[int, list[int] | tuple[int, .
         )
     _check_gears(t, dim_gears)
     for dim in dim_gears:
-        torch._dynamo.mark_dynamic(t, dim)
+        torch_internals.mark_dynamic(t, dim)
     t.dim_gears = dim_gears  # type: ignore[attr-defined]
 
 

@@ -5,6 +5,7 @@ present, else CPU. Nothing is changed when a real ``torch_npu`` is importable.""
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -14,7 +15,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["install", "installed_device"]
+__all__ = ["alias_torchair", "install", "installed_device", "uninstall"]
 
 _state: dict[str, Any] = {}
 
@@ -114,10 +115,9 @@ def _npu_namespace(target: str) -> types.SimpleNamespace:
 
 def _register_npu_backend(compat: Any) -> None:
     """``torch.compile(backend="npu")``: torch_npu registers TorchAir's default backend so."""
-    from torch._dynamo import list_backends, register_backend
+    from airstream import torch_internals
 
-    if "npu" not in list_backends(exclude_tags=()):
-        register_backend(compat.get_npu_backend(), name="npu")
+    torch_internals.register_backend("npu", compat.get_npu_backend())
 
 
 def installed_device() -> str | None:
@@ -125,52 +125,104 @@ def installed_device() -> str | None:
     return _state.get("device")
 
 
+def _torchair_modules() -> dict[str, types.ModuleType]:
+    """``{module name: module}`` that make ``import torchair`` (and its submodules) resolve
+    to this package."""
+    from airstream.compat import torchair as compat
+
+    configs = types.ModuleType("torchair.configs")
+    compiler_config = types.ModuleType("torchair.configs.compiler_config")
+    compiler_config.CompilerConfig = compat.CompilerConfig  # type: ignore[attr-defined]
+    configs.compiler_config = compiler_config  # type: ignore[attr-defined]
+    return {
+        "torchair": compat,
+        "torchair.scope": compat.scope,
+        "torchair.ops": compat.ops,
+        "torchair.inference": compat.inference,
+        "torchair.configs": configs,
+        "torchair.configs.compiler_config": compiler_config,
+        "torchair.core": compat.core,
+        "torchair.core.utils": compat.core.utils,
+    }
+
+
+def alias_torchair() -> None:
+    """Only make ``import torchair`` resolve here (no torch_npu, no ``torch.npu``): for code
+    that shares its process with code that must not see an NPU stand-in (a test suite)."""
+    for name, module in _torchair_modules().items():
+        sys.modules.setdefault(name, module)
+
+
+def _torch_npu_shim(target: str) -> tuple[types.ModuleType, dict[str, types.ModuleType]]:
+    from airstream.compat import torchair as compat
+
+    shim = types.ModuleType("torch_npu")
+    # a spec, so importlib.util.find_spec("torch_npu") answers instead of raising
+    shim.__spec__ = importlib.machinery.ModuleSpec("torch_npu", None)
+    shim._airstream_shim = True  # type: ignore[attr-defined]
+    shim.npu = _npu_namespace(target)  # type: ignore[attr-defined]
+    shim.profiler = compat.npu_profiler  # type: ignore[attr-defined]
+    # NPU memory formats do not exist here: a format cast keeps the layout (a copy, as a cast)
+    shim.npu_format_cast = lambda t, *a, **k: t.clone()  # type: ignore[attr-defined]
+    return shim, {"torch_npu": shim, "torch_npu.profiler": compat.npu_profiler}
+
+
 def install(verbose: bool = True, *, device_mode: bool = True) -> bool:
     """Install the shims; return False (and change nothing) when a real torch_npu exists.
 
-    ``device_mode=False`` leaves out the one process-wide piece, the torch function mode that
-    rewrites ``device="npu"`` arguments (a test suite that shares its process with other tests
-    uses it; ``.npu()``, ``torch.npu`` and the module names are still installed)."""
+    ``device_mode=False`` leaves out the torch function mode that rewrites ``device="npu"``
+    arguments on this thread. :func:`uninstall` takes everything back."""
     if "device" in _state:
         return True
     if _real_torch_npu():
         if verbose:
             print("airstream: a real torch_npu is importable; running the script on the NPU")
         return False
+    from airstream import torch_internals
     from airstream.compat import torchair as compat
 
+    torch_internals.require("torchair")
     target = "cuda" if torch.cuda.is_available() else "cpu"
-    shim = types.ModuleType("torch_npu")
-    shim._airstream_shim = True  # type: ignore[attr-defined]
-    shim.npu = _npu_namespace(target)  # type: ignore[attr-defined]
-    shim.profiler = compat.npu_profiler  # type: ignore[attr-defined]
-    # NPU memory formats do not exist here: a format cast keeps the layout (a copy, as a cast)
-    shim.npu_format_cast = lambda t, *a, **k: t.clone()  # type: ignore[attr-defined]
-    sys.modules["torch_npu"] = shim
-    sys.modules["torch_npu.profiler"] = compat.npu_profiler
-    sys.modules["torchair"] = compat
-    sys.modules["torchair.scope"] = compat.scope
-    sys.modules["torchair.ops"] = compat.ops
-    sys.modules["torchair.inference"] = compat.inference
-    configs = types.ModuleType("torchair.configs")
-    compiler_config = types.ModuleType("torchair.configs.compiler_config")
-    compiler_config.CompilerConfig = compat.CompilerConfig  # type: ignore[attr-defined]
-    configs.compiler_config = compiler_config  # type: ignore[attr-defined]
-    sys.modules["torchair.configs"] = configs
-    sys.modules["torchair.configs.compiler_config"] = compiler_config
-    sys.modules["torchair.core"] = compat.core
-    sys.modules["torchair.core.utils"] = compat.core.utils
+    shim, shim_modules = _torch_npu_shim(target)
+    modules = {**shim_modules, **_torchair_modules()}
+    saved_modules = {name: sys.modules.get(name) for name in modules}
+    saved_attrs = {
+        (owner, name): getattr(owner, name, None)
+        for owner, name in ((torch, "npu"), (torch.Tensor, "npu"), (torch.nn.Module, "npu"))
+    }
+    sys.modules.update(modules)
     torch.npu = shim.npu  # type: ignore[attr-defined]
-    _register_npu_backend(compat)
     torch.Tensor.npu = lambda self, *a, **k: self.to(target)  # type: ignore[attr-defined]
     torch.nn.Module.npu = lambda self, *a, **k: self.to(target)  # type: ignore[attr-defined]
+    _register_npu_backend(compat)
     mode = _NpuDeviceMode(target) if device_mode else None
     if mode is not None:
         mode.__enter__()  # for the rest of the process, on this thread
-    _state.update(device=target, mode=mode)
+    _state.update(device=target, mode=mode, modules=saved_modules, attrs=saved_attrs)
     if verbose:
         print(
             f"airstream: no torch_npu here; running TorchAir code on {target} "
             "(.npu(), torch.npu and device='npu' map to it)"
         )
     return True
+
+
+def uninstall() -> None:
+    """Take back what :func:`install` did (the ``npu`` backend name stays registered)."""
+    if "device" not in _state:
+        return
+    mode = _state["mode"]
+    if mode is not None:
+        mode.__exit__(None, None, None)
+    for name, module in _state["modules"].items():
+        if module is None:
+            sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = module
+    for (owner, name), value in _state["attrs"].items():
+        if value is None:
+            if hasattr(owner, name):
+                delattr(owner, name)
+        else:
+            setattr(owner, name, value)
+    _state.clear()
