@@ -160,6 +160,15 @@ def test_cse_never_merges_air_or_random_ops() -> None:
     assert count(graph_of(backend, "inference").graph_module, aten.rand.default) == 2
 
 
+def test_cse_keeps_two_allocations_two_buffers() -> None:
+    def two_buffers(x: torch.Tensor) -> Any:
+        a, b = torch.empty_like(x), torch.empty_like(x)
+        return a.copy_(x), b.copy_(x * 2)  # merged, both results would be one buffer
+
+    gm = _run(two_buffers, _only("cse"), torch.randn(3))
+    assert count(gm, aten.empty_like.default) == 2
+
+
 def _erase_wait(gm: torch.fx.GraphModule, example_inputs: Any, config: Any) -> None:
     for node in list(gm.graph.nodes):
         if node.target is air.wait.default:

@@ -10,7 +10,9 @@ training-backward graphs each go through the pipeline separately.
 
 from __future__ import annotations
 
+import functools
 import threading
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -94,6 +96,16 @@ def _cuda_device(gm: torch.fx.GraphModule) -> torch.device | None:
     return None
 
 
+def _stream_labels(
+    gm: torch.fx.GraphModule, *, single_stream: bool, graph_kind: str
+) -> Mapping[str, str | None]:
+    """Each node's stream as the graph stands, for the passes that consult it; its warnings
+    (priority conflicts) are left to the stream analysis that plans the graph."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return assign_streams(gm, single_stream=single_stream, graph_kind=graph_kind).stream_of
+
+
 def _graph_kind(gm: torch.fx.GraphModule) -> str:
     """Backward graphs take tangents; anything else compiled by a fw_compiler is a forward."""
     for node in gm.graph.find_nodes(op="placeholder"):
@@ -129,9 +141,10 @@ class GraphCompiler:
         if observer is None:  # called directly (get_compiler): dumps as the config asks
             dumper = dumper_for(config)
             observer = DumpObserver(dumper) if dumper is not None else CompileObserver()
-        results = PassManager(config, observer).run(gm, example_inputs, kind)
-        lower_tagged_events(gm)
         single = config.ge_config.enable_single_stream
+        labels = functools.partial(_stream_labels, single_stream=single, graph_kind=kind)
+        results = PassManager(config, observer, labels).run(gm, example_inputs, kind)
+        lower_tagged_events(gm)
         streams = assign_streams(gm, single_stream=single, graph_kind=kind)
         plan = build_plan(gm, streams)
         segments: tuple[CompiledSegment, ...] = ()

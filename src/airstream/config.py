@@ -97,6 +97,18 @@ class ExperimentalConfig(OptionGroup):
         "keep_inference_input_mutations": Option(
             True, boolean, "keep input mutations (copy_) inside inference graphs"
         ),
+        "reinplace_inplaceable_ops": Option(
+            False,
+            boolean,
+            "built-in pass (last): an op on a dead temporary writes it in place "
+            "(clone().add(1) -> add_)",
+        ),
+        "reinplace_input_mutations": Option(
+            False,
+            boolean,
+            "built-in pass (last): an input's write-back is folded into the op computing it "
+            "(mul + copy_ -> mul_; custom ops called directly)",
+        ),
         "min_segment_ops": Option(
             2,
             positive_int,

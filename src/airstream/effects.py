@@ -30,14 +30,16 @@ import torch.fx
 from airstream.ops.air_print import air_print
 from airstream.ops.library import is_air_op, record, scope_enter, scope_exit, wait, wait_tensor
 from airstream.ops.tagged import TAGGED_EVENT_OPS
-from airstream.torch_internals import OpOverload, collective_op_name, op_schema
+from airstream.torch_internals import OpOverload, collective_op_name, op_name, op_schema
 
 __all__ = [
     "EFFECTS_KEY",
     "Effects",
+    "alias_classes",
     "data_inputs",
     "effects",
     "fusible",
+    "inplace_variant",
     "is_executed",
     "summarize",
 ]
@@ -237,3 +239,60 @@ def summarize(members: Iterable[torch.fx.Node], outputs: Iterable[torch.fx.Node]
     for out in outputs:
         aliases.update(dict.fromkeys(roots.get(out, ())))
     return Effects(writes=tuple(writes), aliases=tuple(aliases), host_sync=host_sync)
+
+
+def alias_classes(graph: torch.fx.Graph) -> dict[torch.fx.Node, torch.fx.Node]:
+    """Each node's storage class: nodes whose results may share memory (views, in-place results,
+    tuple elements) map to the same representative node, the earliest of them."""
+    parent: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def find(node: torch.fx.Node) -> torch.fx.Node:
+        while parent[node] is not node:
+            parent[node] = parent[parent[node]]
+            node = parent[node]
+        return node
+
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    for node in graph.nodes:
+        parent[node] = node
+        for source in effects(node).aliases:
+            a, b = find(source), find(node)
+            if a is not b:
+                first, second = (a, b) if order[a] < order[b] else (b, a)
+                parent[second] = first
+    return {node: find(node) for node in graph.nodes}
+
+
+def inplace_variant(target: Any) -> OpOverload | None:
+    """The in-place form of an out-of-place op (``aten.add.Tensor`` -> ``aten.add_.Tensor``):
+    same namespace, name + ``_``, same overload, writing its first argument and returning it, and
+    taking the same arguments after it. None when there is none, or for random ops."""
+    if not isinstance(target, OpOverload) or target.namespace != "aten":
+        return None
+    schema = op_schema(target)
+    if schema is None or not schema.arguments or _writes_any(schema):
+        return None
+    if torch.Tag.nondeterministic_seeded in target.tags:
+        return None
+    _, name, overload = op_name(target)
+    packet = getattr(torch.ops.aten, f"{name}_", None)
+    candidate = getattr(packet, overload, None) if packet is not None else None
+    if not isinstance(candidate, OpOverload):
+        return None
+    inplace = op_schema(candidate)
+    if inplace is None or len(inplace.arguments) != len(schema.arguments):
+        return None
+    first = inplace.arguments[0].alias_info
+    if first is None or not first.is_write or len(inplace.returns) != 1:
+        return None
+    for a, b in zip(schema.arguments[1:], inplace.arguments[1:], strict=True):
+        if a.name != b.name or str(a.type) != str(b.type) or a.kwarg_only != b.kwarg_only:
+            return None
+        if b.alias_info is not None and b.alias_info.is_write:
+            return None
+    return candidate
+
+
+def _writes_any(schema: torch.FunctionSchema) -> bool:
+    """Does the schema write any argument?"""
+    return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)

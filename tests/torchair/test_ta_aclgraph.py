@@ -27,6 +27,7 @@ from torchair.core.utils import logger
 
 import torchair
 from airstream.backend import AirstreamBackend, CompiledGraph
+from airstream.effects import effects
 from airstream.runtime.serial import SerialExecutor
 
 aten = torch.ops.aten
@@ -38,7 +39,6 @@ UPSTREAM_USUAL = {
     "debug.aclgraph.clone_input": False,
     "debug.aclgraph.disable_reinplace_inplaceable_ops_pass": True,
 }
-NO_REINPLACE = "surface gap: no reinplace pass"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -97,7 +97,14 @@ def _stream(graph: CompiledGraph, node: torch.fx.Node) -> str | None:
 
 
 def _writes_input(graph: CompiledGraph) -> bool:
-    """Whether the optimized graph copies a result back into one of its inputs."""
+    """Whether the optimized graph writes one of its inputs (a copy_ back or an in-place op)."""
+    return any(
+        w.op == "placeholder" for n in graph.graph_module.graph.nodes for w in effects(n).writes
+    )
+
+
+def _copies_back(graph: CompiledGraph) -> bool:
+    """Whether the optimized graph copies a result back into one of its inputs (copy_)."""
     return any(
         isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "placeholder"
         for n in _nodes(graph, aten.copy_.default)
@@ -514,11 +521,6 @@ def test_graph_dump_with_py(tmp_path: Any) -> None:
 
 
 @upstream("tests/st/torchair_aclgraph_st.py::test_aclgraph_unsupported_dump")
-@pytest.mark.xfail(
-    strict=True,
-    reason="surface gap: graph_dump.type='pbtxt' in reduce-overhead writes .txt dumps and runs; "
-    "TorchAir raises \"Graph dump for aclGraph only support 'py' type, but got: pbtxt\"",
-)
 def test_aclgraph_unsupported_dump(tmp_path: Any) -> None:
     # upstream: a pbtxt dump in aclgraph mode raises RuntimeError "Graph dump for aclGraph only
     # support 'py' type, but got: pbtxt"; port: the same error on the first call
@@ -984,11 +986,11 @@ def test_npu_stream_record_wait_with_record_wait() -> None:
 
 
 @upstream("tests/st/torchair_aclgraph_st.py::test_reinplace_pass_disblabled_with_multi_stream")
-@pytest.mark.xfail(strict=True, reason=f"{NO_REINPLACE}: y.mul_ stays mul + copy_ into y")
 def test_reinplace_pass_disblabled_with_multi_stream() -> None:
     # upstream: with a stream switch the clone's add stays out-of-place (no add_) while the input
-    # write is done in place (mul_); port: outputs and y match eager, mul runs on stream 1, no
-    # add_, then an in-place mul_ in the graph
+    # write is done in place (mul_); port: outputs and y match eager, y's write-back is folded
+    # into an in-place mul_ that still runs on stream 1, and no add_ (the clone is removed as a
+    # no-op, so add reads the input x, which must not be written)
     class Model(torch.nn.Module):
         def forward(self, x: torch.Tensor, y: torch.Tensor) -> Any:
             b = x.clone().add(1)
@@ -1004,9 +1006,9 @@ def test_reinplace_pass_disblabled_with_multi_stream() -> None:
     with torch.no_grad():
         _same_as_eager(compiled, Model(), *_randn(8, 8, n=2))
     graph = _last(backend)
-    assert [_stream(graph, n) for n in _nodes(graph, aten.mul.Tensor)] == ["1"]
+    assert [_stream(graph, n) for n in _nodes(graph, aten.mul_.Tensor)] == ["1"]
+    assert aten.mul.Tensor not in _targets(graph) and not _copies_back(graph)
     assert aten.add_.Tensor not in _targets(graph)
-    assert aten.mul_.Tensor in _targets(graph)
 
 
 class _CloneAddAndMul(torch.nn.Module):
@@ -1019,9 +1021,6 @@ class _CloneAddAndMul(torch.nn.Module):
 @upstream(
     "tests/st/torchair_aclgraph_st.py::"
     "test_aclgraph_capture_and_replay_keep_inference_input_mutations_true_default_enable_reinplace_pass"
-)
-@pytest.mark.xfail(
-    strict=True, reason=f"{NO_REINPLACE}: graph keeps clone + add and mul + copy_ into y"
 )
 def test_aclgraph_keep_inference_input_mutations_true_default_enable_reinplace_pass() -> None:
     # upstream: by default the clone's add becomes add_ and the input write mul_; port: outputs
@@ -1090,7 +1089,6 @@ def test_aclgraph_keep_inference_input_mutations_true_disable_mutated_input_pass
     "tests/st/torchair_aclgraph_st.py::"
     "test_aclgraph_capture_and_replay_keep_inference_input_mutations_true_disable_reinplace_mutated_input"
 )
-@pytest.mark.xfail(strict=True, reason=f"{NO_REINPLACE}: the clone's add stays out of place")
 def test_aclgraph_keep_inference_input_mutations_true_disable_reinplace_mutated_input() -> None:
     # upstream: the clone's add becomes add_ and, with no input written, no copy_; port: outputs
     # and unchanged inputs match eager, no copy_ into an input, then add_ in the graph
@@ -1121,7 +1119,6 @@ def test_aclgraph_keep_inference_input_mutations_true_disable_reinplace_mutated_
     "tests/st/torchair_aclgraph_st.py::"
     "test_aclgraph_capture_and_replay_keep_inference_input_mutations_true_disable_reinplace_inplaceable_ops"
 )
-@pytest.mark.xfail(strict=True, reason=f"{NO_REINPLACE}: x.add_ stays add + copy_ into x")
 def test_aclgraph_keep_inference_input_mutations_true_disable_reinplace_inplaceable_ops() -> None:
     # upstream: the graph holds mul (out of place), copy_ (into x) and add_ (the last write made
     # in place); port: x and the output match eager, mul and copy_ into x, then add_
@@ -1148,7 +1145,6 @@ def test_aclgraph_keep_inference_input_mutations_true_disable_reinplace_inplacea
     "tests/st/torchair_aclgraph_st.py::"
     "test_aclgraph_capture_and_replay_keep_inference_input_mutations_false_enable_reinplace_ops"
 )
-@pytest.mark.xfail(strict=True, reason=f"{NO_REINPLACE}: the clone's add_ becomes add")
 def test_aclgraph_keep_inference_input_mutations_false_enable_reinplace_ops() -> None:
     # upstream: with the inplaceable pass on, the add_ on a clone stays in place (add_); port:
     # outputs match eager and x/y are untouched, then add_ in the graph
@@ -1219,10 +1215,6 @@ sin_cos_inplace = torch.ops.acl_port.sin_cos_inplace.default
 
 
 @upstream("tests/st/torchair_aclgraph_st.py::test_multi_mutated_input")
-@pytest.mark.xfail(
-    strict=True,
-    reason=f"{NO_REINPLACE}: a custom op writing two inputs stays auto_functionalized_v2 + copy_",
-)
 def test_multi_mutated_input() -> None:
     # upstream: a custom op writing two of its inputs is called directly (in place) in the final
     # graph; port: result and both written inputs match eager, then the direct call in the graph
@@ -1252,10 +1244,6 @@ def test_multi_mutated_input_with_view_before() -> None:
 
 
 @upstream("tests/st/torchair_aclgraph_st.py::test_multi_mutated_input_with_view_after")
-@pytest.mark.xfail(
-    strict=True,
-    reason=f"{NO_REINPLACE}: a custom op writing two inputs stays auto_functionalized_v2 + copy_",
-)
 def test_multi_mutated_input_with_view_after() -> None:
     # upstream: a view taken after the call does not block reinplacing: the op is called
     # directly; port: results and written inputs match eager, then the direct call in the graph
@@ -1386,12 +1374,12 @@ def test_debug_compare_fx_graphs(debug_logger: logging.Logger) -> None:
     assert where == {
         "aten.sqrt.default": "stream0",
         "aten._softmax.default": "stream1",
-        "aten.abs.default": "stream1",
+        "aten.abs_.default": "stream1",  # in place on softmax's result (reinplace pass)
         "aten.split_with_sizes.default": "stream1",
         "aten.mm.default": "stream0",
         "aten.add.Tensor": "stream0",
         "aten.cat.default": None,
-        "aten.relu.default": None,
+        "aten.relu_.default": None,  # in place on cat's result
         "aten.transpose.int": None,
     }
 

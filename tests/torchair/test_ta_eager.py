@@ -1,12 +1,14 @@
 """Ports of TorchAir's ``tests/st/torchair_eager_st.py``: ``debug.run_eagerly`` in max-autotune
 and reduce-overhead mode, and in-place updates inside ``npu_stream_switch`` scopes.
 
-Upstream's reinplace tests read the logs of TorchAir's aclgraph reinplace pass ("success/failed
+Upstream's reinplace tests read the logs of TorchAir's aclgraph reinplace passes ("success/failed
 for reinplace ...") or wrap its private ``_reinplace_inplaceable_ops_pass`` to count functional
-and in-place nodes. airstream has no reinplace pass; what those checks protect is observable
-anyway: the result and every in-place update of an input equal eager PyTorch's (an unsafe
-reinplace across streams would corrupt one of them), and each op runs on the stream its scope
-names (``backend.graphs[-1].streams``).
+and in-place nodes. Here the same counts are read from the optimized graph airstream runs (its
+reinplace passes are on in reduce-overhead, as TorchAir's are), with the stream of each op
+(``backend.graphs[-1].streams``), and the result and every in-place update of an input must equal
+eager PyTorch's (an unsafe reinplace across streams would corrupt one of them). The custom op's
+functional twin is not made in place: upstream registers the pair with TorchAir's private table of
+in-place NPU ops, which has no counterpart here.
 """
 
 from __future__ import annotations
@@ -190,10 +192,9 @@ def test_aclgraph_single_reinplace_within_mix_stream_scope() -> None:
         return x2 + y2 + z
 
     g = _compare_with_eager(fn, *_three(3))
-    assert _streams(g, aten.sub.Tensor) == {None: 1, "o": 1, "1": 1}
-    assert _streams(g, aten.mul.Tensor) == {"2": 1}
-    assert _streams(g, aten.add.Tensor)["1"] == 1
-    assert _writes_back(g) == {None: 3}
+    assert _streams(g, aten.sub.Tensor) == {None: 1, "o": 1, "1": 1}  # x's update: not in place
+    assert _writes_back(g) == {None: 1}  # ... so it is copied back; y's and z's are not:
+    assert _streams(g, aten.add_.Tensor)["1"] == 1 and _streams(g, aten.mul_.Tensor) == {"2": 1}
     assert g.streams.priorities == {"o": 3, "1": 3, "2": 3}
 
 
@@ -211,7 +212,8 @@ def test_aclgraph_multi_reinplace_within_same_stream_scope() -> None:
 
     g = _compare_with_eager(fn, *_three(3))
     assert _streams(g, _ops().sin_cos_functional.default) == {"o": 1}
-    assert _streams(g, aten.sub.Tensor) == {None: 1, "o": 1}
+    assert _streams(g, aten.sub.Tensor) == {None: 1}
+    assert _streams(g, aten.sub_.Tensor) == {"o": 1}  # x2 - sin into x2: read on "o" only
     assert _streams(g, aten.add.Tensor) == {"o": 1}
     assert _writes_back(g) == {None: 2}  # cos and sin, not x
 
@@ -229,7 +231,7 @@ def test_aclgraph_multi_reinplace_within_mix_stream_scope() -> None:
 
     g = _compare_with_eager(fn, *_three(3))
     assert _streams(g, _ops().sin_cos_functional.default) == {"o": 1}
-    assert _streams(g, aten.sub.Tensor) == {None: 2}
+    assert _streams(g, aten.sub.Tensor) == {None: 1} and _streams(g, aten.sub_.Tensor) == {None: 1}
     assert _streams(g, aten.mul.Tensor) == {"o": 1}
     assert _writes_back(g) == {None: 2}
 
@@ -251,9 +253,11 @@ def test_aclgraph_single_reinplace_within_mix_stream_scope_success() -> None:
 
     g = _compare_with_eager(fn, *_three(3))
     assert _streams(g, aten.sub.Tensor) == {"0": 1, "1": 1}
-    assert _streams(g, aten.mul.Tensor) == {"2": 1}
-    assert _streams(g, aten.add.Tensor)["1"] == 1
-    assert _writes_back(g) == {None: 3}
+    # y's and z's updates in place on their streams; x's second update in place on the main
+    # stream (on x's first update, made on "0"), then copied back into x
+    assert _streams(g, aten.add_.Tensor) == {"1": 1, None: 2}
+    assert _streams(g, aten.mul_.Tensor) == {"2": 1}
+    assert _writes_back(g) == {None: 1}
 
 
 @upstream(ST + "test_aclgraph_multi_reinplace_within_mix_stream_scope_success")
@@ -267,9 +271,9 @@ def test_aclgraph_multi_reinplace_within_mix_stream_scope_success() -> None:
 
     g = _compare_with_eager(fn, *_three(3))
     assert _streams(g, _ops().sin_cos_functional.default) == {"o": 1}
-    assert _streams(g, aten.mul.Tensor) == {None: 1}
+    assert _streams(g, aten.mul_.Tensor) == {None: 1}  # x.mul_(2): in place on x
     assert _streams(g, aten.add.Tensor) == {"o": 1}
-    assert _writes_back(g) == {None: 3}  # x, cos and sin
+    assert _writes_back(g) == {None: 2}  # cos and sin
 
 
 @upstream(ST + "test_aclgraph_multi_reinplace_within_mix_stream_scope_fail")
@@ -287,9 +291,9 @@ def test_aclgraph_multi_reinplace_within_mix_stream_scope_fail() -> None:
 
     g = _compare_with_eager(fn, *_three(3))
     assert _streams(g, _ops().sin_cos_functional.default) == {"o": 1}
-    assert _streams(g, aten.mul.Tensor) == {None: 1, "o": 1}
+    assert _streams(g, aten.mul_.Tensor) == {None: 1} and _streams(g, aten.mul.Tensor) == {"o": 1}
     assert _streams(g, aten.add.Tensor) == {None: 1}
-    assert _writes_back(g) == {None: 3}
+    assert _writes_back(g) == {None: 2}
 
 
 @upstream(ST + "test_aclgraph_single_reinplace_with_multi_stream_scope_success")
@@ -302,7 +306,8 @@ def test_aclgraph_single_reinplace_with_multi_stream_scope_success() -> None:
         return x3.view(-1)
 
     g = _compare_with_eager(fn, *_three(3, 3))
-    assert _streams(g, aten.add.Tensor) == {"1": 2}
+    assert _streams(g, aten.add.Tensor) == {"1": 1}  # of 2, as upstream
+    assert _streams(g, aten.add_.Tensor) == {"1": 1}
     assert _writes_back(g) == {}
 
 
@@ -318,7 +323,8 @@ def test_aclgraph_single_reinplace_with_multi_stream_scope_failed() -> None:
         return x4 + x3
 
     g = _compare_with_eager(fn, *_three(3, 3))
-    assert _streams(g, aten.add.Tensor) == {"1": 2, None: 2}
+    assert _streams(g, aten.add.Tensor) == {"1": 2, None: 1}  # of 4, one in place, as upstream
+    assert _streams(g, aten.add_.Tensor) == {None: 1}
 
 
 @upstream(ST + "test_aclgraph_single_reinplace_with_multi_streams_scope_success")
@@ -333,7 +339,8 @@ def test_aclgraph_single_reinplace_with_multi_streams_scope_success() -> None:
         return x3.view(-1)
 
     g = _compare_with_eager(fn, *_three(3, 3))
-    assert _streams(g, aten.add.Tensor) == {"1": 2, "2": 1}
+    assert _streams(g, aten.add.Tensor) == {"1": 1, "2": 1}  # of 3, one in place, as upstream
+    assert _streams(g, aten.add_.Tensor) == {"1": 1}
 
 
 @upstream(ST + "test_aclgraph_single_reinplace_with_multi_streams_scope_failed_1")
@@ -375,8 +382,8 @@ def test_aclgraph_single_mutated_reinplace_with_multi_stream_scope_success() -> 
         return x.view(-1)
 
     g = _compare_with_eager(fn, *_three(3, 3))
-    assert _streams(g, aten.add.Tensor) == {"1": 1}
-    assert _writes_back(g) == {None: 1}
+    assert _streams(g, aten.add_.Tensor) == {"1": 1}  # x written in place, on its stream
+    assert _writes_back(g) == {}
 
 
 @upstream(ST + "test_aclgraph_single_mutated_reinplace_with_multi_stream_scope_failed")
@@ -389,8 +396,8 @@ def test_aclgraph_single_mutated_reinplace_with_multi_stream_scope_failed() -> N
         return x.mul_(2.0)
 
     g = _compare_with_eager(fn, *_three(3, 3))
-    assert _streams(g, aten.add.Tensor) == {"1": 1}
-    assert _streams(g, aten.mul.Tensor) == {None: 1}
+    assert _streams(g, aten.add.Tensor) == {"1": 1}  # not in place: x is read on main after
+    assert _streams(g, aten.mul_.Tensor) == {None: 1}  # in place on the add's result
     assert _writes_back(g) == {None: 1}
 
 
@@ -398,7 +405,8 @@ def test_aclgraph_single_mutated_reinplace_with_multi_stream_scope_failed() -> N
 @upstream(ST + "test_aclgraph_single_mutated_reinplace_with_multi_stream_scope_has_stream_label")
 def test_aclgraph_single_mutated_reinplace_with_multi_stream_scope_has_stream_label() -> None:
     # Upstream (pattern_fusion_pass off, so stream labels are on the nodes before reinplace):
-    # the main-stream mul is reinplaced. Here: the option is accepted, the labels are right.
+    # the main-stream mul is reinplaced. Here: the option is accepted, the labels are right,
+    # and the mul writes the side stream's result in place on the main stream.
     def fn(x, y, z):
         with torchair.scope.npu_stream_switch("1", 3):
             x.add_(1.0)
@@ -416,7 +424,7 @@ def test_aclgraph_single_mutated_reinplace_with_multi_stream_scope_has_stream_la
     torch.testing.assert_close(mine, theirs)
     g = backend.graphs[-1]
     assert _streams(g, aten.add.Tensor) == {"1": 1, None: 1}
-    assert _streams(g, aten.mul.Tensor) == {None: 1}
+    assert _streams(g, aten.mul_.Tensor) == {None: 1}
 
 
 @upstream(ST + "test_aclgraph_single_mutated_reinplace_with_multi_streams_scope_success")
@@ -432,6 +440,7 @@ def test_aclgraph_single_mutated_reinplace_with_multi_streams_scope_success() ->
         return x.view(-1)
 
     g = _compare_with_eager(fn, *_three(3, 3))
-    assert _streams(g, aten.add.Tensor) == {"1": 1, "2": 1}
-    assert _streams(g, aten.mul.Tensor) == {"2": 1}
-    assert _writes_back(g) == {None: 2}
+    assert _streams(g, aten.add_.Tensor) == {"1": 1}  # x.add_ in place, on its stream
+    assert _streams(g, aten.add.Tensor) == {"2": 1}
+    assert _streams(g, aten.mul_.Tensor) == {"2": 1}  # y's final value, then copied into y
+    assert _writes_back(g) == {None: 1}

@@ -1,4 +1,5 @@
-"""The pass pipeline: custom pre pass(es) -> built-in passes -> custom post pass(es).
+"""The pass pipeline: custom pre pass(es) -> built-in passes -> custom post pass(es) -> the
+final built-ins (in-place rewriting, on the graph with its final streams).
 
 Every pass is called as ``fn(gm, example_inputs, config)`` and edits ``gm.graph`` in place; its
 return value is ignored. Around each pass the manager (not the pass) does the bookkeeping: it
@@ -10,6 +11,7 @@ Built-ins are also checked never to remove, merge or move an air op. Any failure
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -21,7 +23,8 @@ import torch.fx
 from airstream.config import CompilerConfig
 from airstream.effects import effects
 from airstream.errors import PassError, StreamError
-from airstream.passes.builtin import BUILTIN_PASSES
+from airstream.passes.builtin import BUILTIN_PASSES, FINAL_PASSES
+from airstream.passes.builtin.reinplace import StreamLabels
 from airstream.passes.meta import check_meta, fill_meta
 from airstream.passes.regions import air_layout
 
@@ -30,7 +33,8 @@ __all__ = ["PassManager", "PassObserver", "PassResult", "PassSpec", "STAGES", "p
 log = logging.getLogger("airstream.passes")
 
 PRE, BUILTIN, POST = "post_grad_custom_pre_pass", "builtin", "post_grad_custom_post_pass"
-STAGES = (PRE, BUILTIN, POST)
+FINAL = "builtin_final"
+STAGES = (PRE, BUILTIN, POST, FINAL)
 
 GraphPass = Callable[[torch.fx.GraphModule, Sequence[Any], CompilerConfig], Any]
 
@@ -97,7 +101,14 @@ def _slot(value: Any) -> tuple[GraphPass, ...]:
 class PassManager:
     """Runs the configured passes over a graph, with the instruments around each one."""
 
-    def __init__(self, config: CompilerConfig, observer: PassObserver | None = None) -> None:
+    def __init__(
+        self,
+        config: CompilerConfig,
+        observer: PassObserver | None = None,
+        streams: StreamLabels | None = None,
+    ) -> None:
+        """``streams`` is the stream analysis the final built-ins consult (the backend passes
+        its own; without it they treat the graph as one stream)."""
         self.config = config
         self.observer = observer or PassObserver()
         specs = [PassSpec(pass_name(fn), PRE, fn) for fn in _slot(config.post_grad_custom_pre_pass)]
@@ -107,6 +118,9 @@ class PassManager:
         specs += [
             PassSpec(pass_name(fn), POST, fn) for fn in _slot(config.post_grad_custom_post_pass)
         ]
+        for option, fn in FINAL_PASSES:
+            if config.get_option(option):
+                specs.append(PassSpec(fn.__name__, FINAL, functools.partial(fn, streams=streams)))
         self.passes: tuple[PassSpec, ...] = tuple(specs)
 
     def run(
@@ -138,7 +152,7 @@ class PassManager:
         self, spec: PassSpec, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str
     ) -> PassResult:
         before_nodes = set(gm.graph.nodes)
-        layout = air_layout(gm.graph) if spec.stage == BUILTIN else None
+        layout = air_layout(gm.graph) if spec.stage in (BUILTIN, FINAL) else None
         collectives = _collective_order(gm.graph)
         start = time.perf_counter()
         try:

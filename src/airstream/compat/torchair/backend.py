@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from airstream.backend import AirstreamBackend
-from airstream.compat.torchair.config import CompilerConfig
+from airstream.compat.torchair.config import CompilerConfig, capture_mode
 from airstream.config import CompilerConfig as AirConfig
 
 __all__ = ["OPTION_PATHS", "TorchairBackend"]
@@ -89,6 +89,12 @@ class TorchairBackend(AirstreamBackend):
         if compile_kwargs.get("options"):
             torchair_config = copy.deepcopy(torchair_config)
             apply_options(torchair_config, compile_kwargs["options"])
+        dump_type = torchair_config.debug.graph_dump.type.value
+        if capture_mode(torchair_config) and dump_type not in (None, "py"):
+            # TorchAir's graph-capture modes dump their graphs as Python only
+            raise RuntimeError(
+                f"Graph dump for aclGraph only support 'py' type, but got: {dump_type}"
+            )
         config = torchair_config.airstream
         mode = compile_kwargs.get("mode")
         if mode not in (None, "default"):

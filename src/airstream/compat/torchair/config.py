@@ -36,7 +36,7 @@ from airstream.compat.torchair.values import (
 )
 from airstream.config import CompilerConfig as AirConfig
 
-__all__ = ["CompilerConfig"]
+__all__ = ["CompilerConfig", "capture_mode"]
 
 INT64_MAX = 2**63 - 1
 _BOOL = [True, False]
@@ -300,6 +300,11 @@ class _Sets:
     convert: Callable[[Any, CompilerConfig], Any] = lambda value, config: value
 
 
+def capture_mode(config: CompilerConfig) -> bool:
+    """TorchAir's graph-capture modes (aclgraph), where its reinplace passes run."""
+    return config.mode.value in ("reduce-overhead", "npugraph_ex")
+
+
 def _wrap_pass(slot: str) -> Callable[[Any, CompilerConfig], Any]:
     def wrap(value: Any, config: CompilerConfig) -> Any:
         return None if value is None else _TorchairPass(value, config, slot)
@@ -331,6 +336,13 @@ _AIRSTREAM: dict[str, _Sets] = {
     "experimental_config.remove_noop_ops": _Sets("experimental_config.remove_noop_ops"),
     "experimental_config.enable_view_optimize": _Sets("experimental_config.enable_view_optimize"),
     "ge_config.enable_single_stream": _Sets("ge_config.enable_single_stream"),
+    # TorchAir rewrites ops in place in its graph-capture modes only
+    "debug.aclgraph.disable_reinplace_inplaceable_ops_pass": _Sets(
+        "experimental_config.reinplace_inplaceable_ops", lambda v, c: capture_mode(c) and not v
+    ),
+    "debug.aclgraph.disable_reinplace_input_mutated_ops_pass": _Sets(
+        "experimental_config.reinplace_input_mutations", lambda v, c: capture_mode(c) and not v
+    ),
 }
 _SETTABLE_ALIASES = {
     "debug.graph_dump.path": "debug.graph_dump._dir",

@@ -19,8 +19,9 @@ After::
 
 A node is merged into an earlier identical one (same target, same arguments after merging) only
 when no air op lies between them: merging across a marker would move work to another stream or
-across an event. Air ops, impure ops (mutation, RNG) and nodes with unhashable arguments are
-never merged.
+across an event. Air ops, impure ops (mutation, RNG), nodes with unhashable arguments and fresh
+uninitialized allocations (``empty``, ``empty_like``, ...: two buffers a custom op writes, which
+merged would be one) are never merged.
 """
 
 from __future__ import annotations
@@ -28,12 +29,27 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+import torch
 import torch.fx
 
 from airstream.ops.library import is_air_op
 from airstream.passes.regions import region_index
 
 __all__ = ["cse"]
+
+
+aten = torch.ops.aten
+
+# Their result is new memory, not a value: merging two would make two buffers one.
+_ALLOCATIONS = frozenset(
+    {
+        aten.empty.memory_format,
+        aten.empty_like.default,
+        aten.empty_strided.default,
+        aten.new_empty.default,
+        aten.new_empty_strided.default,
+    }
+)
 
 
 class _Unhashable(Exception):
@@ -62,6 +78,8 @@ def cse(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Any) ->
     seen: dict[Hashable, torch.fx.Node] = {}
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or is_air_op(node.target) or node.is_impure():
+            continue
+        if node.target in _ALLOCATIONS:
             continue
         try:
             key = (

@@ -1,0 +1,338 @@
+"""Built-in passes: do out-of-place work in place where nothing can tell the difference.
+
+They run last, after the custom post pass, on the graph with its final streams (the pipeline's
+``builtin_final`` stage). Both are off by default; the TorchAir compat layer turns them on in
+``reduce-overhead`` (TorchAir's aclgraph mode), as TorchAir does.
+
+``reinplace_inplaceable_ops`` (``experimental_config.reinplace_inplaceable_ops``)::
+
+    clone = aten.clone.default(x)              clone = aten.clone.default(x)
+    add = aten.add.Tensor(clone, 1)    ->      add_ = aten.add_.Tensor(clone, 1)
+
+An op with an in-place form (:func:`airstream.effects.inplace_variant`) writes its first argument
+when that argument is a temporary: no graph input or parameter shares its memory, nothing reads
+it (or a view of it) afterwards, it is not an output, and its layout is the result's.
+
+``reinplace_input_mutations`` (``experimental_config.reinplace_input_mutations``)::
+
+    mul = aten.mul.Tensor(y, 2)                mul_ = aten.mul_.Tensor(y, 2)
+    copy_ = aten.copy_.default(y, mul)   ->
+
+An input mutation's write-back (``copy_`` into a graph input) is folded into the op that computes
+the new value when that op has an in-place form and reads the input as its first argument; a
+custom op called through ``auto_functionalized_v2`` is called directly when every tensor it
+writes is a whole graph input written back after it. When the value comes from an op on a
+temporary instead (``add(mul, 1)``), that op is made in place as above and the copy stays.
+
+Either way, only where every other reader of the written memory runs on the writer's stream: a
+write on one stream to memory another stream reads would make the planner add an event between
+them and take the overlap away (the planner orders such writes after those reads, so this is
+about speed; correctness never depends on it). Nodes keep their place, stream annotations and
+source lines.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from airstream import torch_internals
+from airstream.effects import alias_classes, effects, inplace_variant
+from airstream.errors import StreamError
+from airstream.torch_internals import outputs_rebuilt_from_inputs
+
+__all__ = ["StreamLabels", "reinplace_inplaceable_ops", "reinplace_input_mutations"]
+
+# The stream analysis (the backend passes schedule.streams'): node name -> label (None: main).
+StreamLabels = Callable[[torch.fx.GraphModule], Mapping[str, str | None]]
+
+aten = torch.ops.aten
+
+
+class _Facts:
+    """Graph order, storage classes (and their members) and every node's stream."""
+
+    def __init__(self, gm: torch.fx.GraphModule, streams: StreamLabels | None) -> None:
+        graph = gm.graph
+        self.order = {node: i for i, node in enumerate(graph.nodes)}
+        self.classes = alias_classes(graph)
+        self.members: dict[torch.fx.Node, list[torch.fx.Node]] = defaultdict(list)
+        for node, root in self.classes.items():
+            self.members[root].append(node)
+        self.labels: Mapping[str, str | None] = streams(gm) if streams is not None else {}
+        output = graph.output_node()
+        values = output.args[0] if isinstance(output.args[0], list | tuple) else (output.args[0],)
+        backward = any(p.name.startswith("tangents") for p in graph.find_nodes(op="placeholder"))
+        rebuilt = frozenset() if backward else outputs_rebuilt_from_inputs(len(values))
+        # outputs the caller receives as they are (not rebuilt from an input at run time)
+        self.owned = {v for i, v in enumerate(values) if i not in rebuilt}
+
+    def stream(self, node: torch.fx.Node) -> str | None:
+        return self.labels.get(node.name)
+
+    def returned(self, value: torch.fx.Node) -> bool:
+        """Is ``value``, or a view or in-place result of it, an output the caller receives as it
+        is? (An output AOTAutograd rebuilds as a view of an input, such as ``x.view(-1)`` after
+        ``x.add_(1)``, is not: it aliases the input in eager PyTorch too.)"""
+        seen, todo = {value}, [value]
+        while todo:
+            node = todo.pop()
+            if node in self.owned:
+                return True
+            for user in node.users:
+                if user not in seen and any(a in seen for a in effects(user).aliases):
+                    seen.add(user)
+                    todo.append(user)
+        return False
+
+    def is_input_memory(self, value: torch.fx.Node) -> bool:
+        return any(m.op in ("placeholder", "get_attr") for m in self.members[self.classes[value]])
+
+    def copies_into(self, value: torch.fx.Node) -> list[torch.fx.Node]:
+        """The write-backs (``copy_`` into a graph input) into ``value``."""
+        return [u for u in value.users if _write_back(u) is not None and u.args[0] is value]
+
+    def confined(
+        self,
+        value: torch.fx.Node,
+        writer: torch.fx.Node,
+        *,
+        ignore: Any = (),
+        until: torch.fx.Node | None = None,
+    ) -> bool:
+        """May ``writer`` overwrite ``value``'s memory: nothing after it reads that memory and
+        every other reader runs on ``writer``'s stream (air ops, which order streams, never
+        do)? Where the memory was made does not matter: ``writer`` reads it, so runs after."""
+        stream = self.stream(writer)
+        members = [m for m in self.members[self.classes[value]] if m not in ignore]
+        for reader in (u for m in members for u in m.users):
+            if reader is writer or reader in ignore:
+                continue
+            if until is not None and self.order.get(reader, -1) > self.order[until]:
+                continue  # reads the value written back at ``until``: the same either way
+            if reader.op == "output" or self.order[reader] > self.order[writer]:
+                return False
+            if reader.op != "call_function" or effects(reader).air:
+                return False
+            if self.stream(reader) != stream:
+                return False
+        return True
+
+
+def _same_layout(a: torch.fx.Node, b: torch.fx.Node) -> bool:
+    """Do ``a`` and ``b`` hold tensors of one size, stride, dtype and device?"""
+    x, y = a.meta.get("val"), b.meta.get("val")
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        return False
+    return (
+        x.dtype == y.dtype
+        and x.device == y.device
+        and tuple(x.shape) == tuple(y.shape)
+        and tuple(x.stride()) == tuple(y.stride())
+    )
+
+
+def _name(target: Any) -> str:
+    """A node name for ``target`` as AOTAutograd names them (``mul_``, not ``mul__tensor``)."""
+    return torch_internals.op_name(target)[1]
+
+
+def _in_place(
+    gm: torch.fx.GraphModule, node: torch.fx.Node, target: Any, args: tuple[Any, ...]
+) -> torch.fx.Node:
+    """Put ``target(*args, **node.kwargs)`` (in place on ``args[0]``) where ``node`` is, with
+    its metadata (stream annotations, source line), and make it stand for ``node``."""
+    with gm.graph.inserting_before(node):
+        new = gm.graph.create_node(
+            "call_function", target, args, dict(node.kwargs), name=_name(target)
+        )
+    new.meta.update(node.meta)
+    new.meta["val"] = args[0].meta["val"]  # an in-place op returns the tensor it wrote
+    node.replace_all_uses_with(new)
+    gm.graph.erase_node(node)
+    return new
+
+
+def _writable_first_arg(node: torch.fx.Node, facts: _Facts) -> torch.fx.Node | None:
+    """``node``'s first argument, when an in-place form could write it: a tensor node with the
+    result's layout that no other argument shares memory with."""
+    if node.op != "call_function" or inplace_variant(node.target) is None or not node.args:
+        return None
+    first = node.args[0]
+    if not isinstance(first, torch.fx.Node) or not _same_layout(first, node):
+        return None
+    others = [a for a in node.all_input_nodes if a is not first]
+    others += [a for a in node.args[1:] if a is first]  # op(x, x): x read while written
+    if any(facts.classes[a] == facts.classes[first] for a in others):
+        return None
+    return first
+
+
+def _reinplace_temporary(gm: torch.fx.GraphModule, node: torch.fx.Node, facts: _Facts) -> bool:
+    """Make ``node`` in place on its first argument if that is a dead temporary."""
+    first = _writable_first_arg(node, facts)
+    if first is None or first.op != "call_function" or facts.is_input_memory(first):
+        return False
+    if not facts.confined(first, node):
+        return False
+    target = inplace_variant(node.target)
+    assert target is not None
+    _in_place(gm, node, target, tuple(node.args))
+    return True
+
+
+def _facts(gm: torch.fx.GraphModule, streams: StreamLabels | None) -> _Facts | None:
+    try:
+        return _Facts(gm, streams)
+    except StreamError:  # an invalid stream program: reported, with its context, when planned
+        return None
+
+
+def reinplace_inplaceable_ops(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    config: Any,
+    *,
+    streams: StreamLabels | None = None,
+) -> None:
+    """Rewrite ops on dead temporaries as their in-place forms (see the module docstring).
+
+    ``streams`` gives each node's stream (the pass manager passes the backend's stream
+    analysis); without it every node counts as one stream's."""
+    facts = _facts(gm, streams)
+    if facts is None:
+        return
+    for node in list(gm.graph.nodes):
+        if _reinplace_temporary(gm, node, facts):
+            facts = _Facts(gm, streams)
+
+
+def _write_back(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node] | None:
+    """``(input, value)`` when ``node`` is ``copy_(input, value)`` into a graph input."""
+    if node.op != "call_function" or node.target is not aten.copy_.default or node.kwargs:
+        return None
+    dst, src = node.args[0], node.args[1]
+    if not isinstance(dst, torch.fx.Node) or not isinstance(src, torch.fx.Node):
+        return None
+    if dst.op != "placeholder" or not _same_layout(dst, src):
+        return None
+    return dst, src
+
+
+def _fold_into_op(
+    gm: torch.fx.GraphModule,
+    copy: torch.fx.Node,
+    dst: torch.fx.Node,
+    src: torch.fx.Node,
+    facts: _Facts,
+) -> bool:
+    """``src = op(dst, ...)``, ``copy_(dst, src)`` -> ``op_(dst, ...)``."""
+    if _writable_first_arg(src, facts) is not dst or facts.order[src] > facts.order[copy]:
+        return False
+    if facts.returned(src):  # an output the caller owns: it must not become the input
+        return False
+    if not facts.confined(dst, src, ignore={copy}):
+        return False
+    target = inplace_variant(src.target)
+    assert target is not None
+    new = _in_place(gm, src, target, tuple(src.args))
+    copy.replace_all_uses_with(new)
+    gm.graph.erase_node(copy)
+    return True
+
+
+def _returns(op: Any) -> int:
+    """How many values ``op`` returns."""
+    schema = torch_internals.op_schema(op)
+    return len(schema.returns) if schema is not None else 0
+
+
+def _fold_into_call(gm: torch.fx.GraphModule, node: torch.fx.Node, facts: _Facts) -> bool:
+    """``auto_functionalized_v2(op, ...)`` -> ``op(...)`` writing each base in place.
+
+    A base that is a graph input qualifies when a later ``copy_`` writes it back (the caller sees
+    the input change anyway) and nothing reads its old value before the last such copy; a
+    temporary when nothing reads it afterwards. Chains of calls writing one input fold one by one,
+    and the final write-back, now a copy of the input onto itself, goes.
+    """
+    call = torch_internals.functionalized_call(node)
+    if call is None:
+        return False
+    results: dict[int, torch.fx.Node] = {}
+    for user in node.users:
+        if user.target is not operator.getitem or not isinstance(user.args[1], int):
+            return False
+        results[user.args[1]] = user
+    if not _returns(call.op) and results.get(0) is not None and results[0].users:
+        return False  # the op returns nothing, yet its None is used
+    if len({facts.classes[b] for b in call.bases}) != len(call.bases):
+        return False  # two bases share memory (CSE merges equal temporaries): writes would mix
+    for i, base in enumerate(call.bases):
+        value = results.get(call.returns + i)
+        if base.op == "placeholder":
+            backs = [c for c in facts.copies_into(base) if facts.order[c] > facts.order[node]]
+            if not backs or (value is not None and facts.returned(value)):
+                return False
+            last = max(backs, key=facts.order.__getitem__)
+            if not facts.confined(base, node, ignore=set(backs), until=last):
+                return False
+        elif base.op != "call_function" or facts.is_input_memory(base):
+            return False
+        elif not facts.confined(base, node):
+            return False
+    with gm.graph.inserting_before(node):
+        direct = gm.graph.create_node(
+            "call_function", call.op, (), dict(call.kwargs), name=_name(call.op)
+        )
+    direct.meta.update({k: v for k, v in node.meta.items() if k != "val"})
+    for index, result in results.items():
+        if index < call.returns:
+            if call.returns == 1:
+                result.replace_all_uses_with(direct)
+            else:
+                with gm.graph.inserting_before(result):
+                    item = gm.graph.call_function(operator.getitem, (direct, index))
+                item.meta.update({k: v for k, v in result.meta.items() if k != "val"})
+                result.replace_all_uses_with(item)
+        else:
+            base = call.bases[index - call.returns]
+            onto_itself = [c for c in result.users if _write_back(c) == (base, result)]
+            result.replace_all_uses_with(base)
+            for copy in onto_itself:  # now copy_(base, base)
+                copy.replace_all_uses_with(base)
+                gm.graph.erase_node(copy)
+        gm.graph.erase_node(result)
+    gm.graph.erase_node(node)
+    return True
+
+
+def reinplace_input_mutations(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    config: Any,
+    *,
+    streams: StreamLabels | None = None,
+) -> None:
+    """Fold input write-backs into the ops that compute them (see the module docstring);
+    ``streams`` as for :func:`reinplace_inplaceable_ops`."""
+    torch_internals.require("reinplace")
+    facts = _facts(gm, streams)
+    if facts is None:
+        return
+    for node in list(gm.graph.nodes):  # custom ops, in graph order (chains fold one by one)
+        if torch_internals.functionalized_call(node) and _fold_into_call(gm, node, facts):
+            facts = _Facts(gm, streams)
+    for copy in list(gm.graph.nodes):  # then each remaining write-back
+        if copy not in facts.order:  # erased by an earlier rewrite
+            continue
+        found = _write_back(copy)
+        if found is None:
+            continue
+        dst, src = found
+        if _fold_into_op(gm, copy, dst, src, facts) or _reinplace_temporary(gm, src, facts):
+            facts = _Facts(gm, streams)
