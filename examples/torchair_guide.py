@@ -5,6 +5,7 @@ Run it anywhere with:  airstream run --torchair examples/torchair_guide.py
 
 import torch
 import torch_npu  # noqa: F401
+
 import torchair
 
 

@@ -6,8 +6,9 @@ Run it anywhere with:  airstream run --torchair examples/torchair_moe_shared.py
 
 import torch
 import torch_npu  # noqa: F401
-import torchair
 from torchair.scope import npu_stream_switch, npu_wait_tensor
+
+import torchair
 
 HIDDEN, EXPERTS, TOKENS = 256, 4, 8
 

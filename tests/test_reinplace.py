@@ -236,3 +236,18 @@ def test_a_model_with_streams_matches_eager_in_each_mode(mode: str | None) -> No
         assert count(gm, aten.relu_.default) == 2 and count(gm, aten.add_.Tensor) >= 1
         relus = [n for n in gm.graph.nodes if n.target is aten.relu_.default]
         assert sorted(str(graph.streams.stream(n)) for n in relus) == ["None", "side"]
+
+
+def test_dynamic_sizes_compile_once() -> None:
+    # x: [s0, 1] and y: [1, s1]; the add's result is [s0, s1], not the clone's layout, so it
+    # stays out of place; relu's input is provably its layout. One graph serves every size.
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x.clone().add(y).relu()
+
+    compiled, backend = compile_model(fn, _config(), dynamic=True)
+    for n, m in ((3, 4), (5, 6), (7, 2)):
+        x, y = torch.randn(n, 1), torch.randn(1, m)
+        assert_same(compiled(x, y), fn(x, y))
+    assert len(backend.graphs) == 1
+    gm = backend.graphs[0].graph_module
+    assert count(gm, aten.add.Tensor) == 1 and count(gm, aten.relu_.default) == 1

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.autograd.profiler
 import torch.fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from airstream.errors import TorchSupportError
 from airstream.torch_internals.registry import (
@@ -340,14 +341,14 @@ def _covers(base: torch.fx.Node, size: Any, stride: Any, offset: Any) -> bool:
     val = base.meta.get("val")
     if not isinstance(val, torch.Tensor) or not isinstance(size, list | tuple):
         return False
-    try:
-        return bool(
-            tuple(val.shape) == tuple(size)
-            and tuple(val.stride()) == tuple(stride)
-            and val.storage_offset() == offset
-        )
-    except Exception:  # symbolic sizes that cannot be compared without a guard
+    if len(size) != val.dim() or len(stride) != val.dim():
         return False
+    pairs = [
+        *zip(val.shape, size, strict=True),
+        *zip(val.stride(), stride, strict=True),
+        (val.storage_offset(), offset),
+    ]
+    return all(statically_known_true(a == b) for a, b in pairs)  # no guard on a symbolic size
 
 
 def _whole_base(kwargs: Mapping[str, Any], prefix: str, base: torch.fx.Node) -> bool:

@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from airstream import torch_internals
 from airstream.effects import alias_classes, effects, inplace_variant
@@ -129,12 +130,14 @@ def _same_layout(a: torch.fx.Node, b: torch.fx.Node) -> bool:
     x, y = a.meta.get("val"), b.meta.get("val")
     if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
         return False
-    return (
-        x.dtype == y.dtype
-        and x.device == y.device
-        and tuple(x.shape) == tuple(y.shape)
-        and tuple(x.stride()) == tuple(y.stride())
-    )
+    return x.dtype == y.dtype and x.device == y.device and _known_equal(x, y)
+
+
+def _known_equal(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Same size and stride, provably, without a guard on a symbolic size (a pass must not
+    specialize a dynamic shape)."""
+    pairs = [*zip(x.shape, y.shape, strict=False), *zip(x.stride(), y.stride(), strict=False)]
+    return x.dim() == y.dim() and all(statically_known_true(a == b) for a, b in pairs)
 
 
 def _name(target: Any) -> str:
