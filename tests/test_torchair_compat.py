@@ -221,7 +221,7 @@ NO_EFFECT = {
     "experimental_config.static_model_ops_lower_limit": 4,
     "experimental_config.jit_compile": "auto",
     "experimental_config.topology_sorting_strategy": "BFS",
-    "experimental_config.pattern_fusion_pass": False,
+    "experimental_config.enable_ref_data": True,
     "experimental_config.aclgraph._aclnn_static_shape_kernel_sym_value_range": [1, 2],
     "ge_config.oo_level": "O1",
     "ge_config.aicore_num": "24|48",

@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-import pytest
 import torch
 from tests.torchair.conftest import upstream
 from torchair.configs.compiler_config import CompilerConfig
@@ -401,7 +400,6 @@ def test_aclgraph_single_mutated_reinplace_with_multi_stream_scope_failed() -> N
     assert _writes_back(g) == {None: 1}
 
 
-@pytest.mark.filterwarnings("ignore:.*pattern_fusion_pass.*no effect off the NPU")
 @upstream(ST + "test_aclgraph_single_mutated_reinplace_with_multi_stream_scope_has_stream_label")
 def test_aclgraph_single_mutated_reinplace_with_multi_stream_scope_has_stream_label() -> None:
     # Upstream (pattern_fusion_pass off, so stream labels are on the nodes before reinplace):

@@ -9,10 +9,12 @@ from airstream.passes.auto import (
 )
 from airstream.passes.manager import STAGES, PassManager, PassResult, PassSpec, pass_name
 from airstream.passes.meta import check_meta, fill_meta
+from airstream.passes.replacements import Replacements
 from airstream.passes.toolkit import add_control_edge, module_paths, place_on_stream, select_nodes
 
 __all__ = [
     "AutoStreamsDecision",
+    "Replacements",
     "add_control_edge",
     "auto_streams",
     "module_paths",

@@ -63,12 +63,16 @@ from airstream.torch_internals.cuda import (
     release_pool,
 )
 from airstream.torch_internals.inductor import (
+    apply_patterns,
     fxgraph_cache_hits,
     inductor_compile,
     inductor_cpp_compiler,
     inductor_decomposition_table,
+    pattern_pass,
     pin_output_strides,
+    register_pattern,
     tag_original_aten,
+    trace_forward,
 )
 from airstream.torch_internals.registry import (
     FEATURES,
@@ -109,6 +113,10 @@ from airstream.torch_internals.tools import (
 )
 
 __all__ = [
+    "trace_forward",
+    "register_pattern",
+    "pattern_pass",
+    "apply_patterns",
     "COLLECTIVE_NAMESPACES",
     "FEATURES",
     "GROUPS",

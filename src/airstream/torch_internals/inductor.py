@@ -162,3 +162,55 @@ def _probe_inductor_cpp_compiler() -> Callable[[], str]:
 def inductor_cpp_compiler() -> str:
     """The C++ compiler command Inductor uses for CPU kernels (``g++``, ``$CXX``, ...)."""
     return _get("inductor_cpp_compiler")()
+
+
+# --- pattern replacements: Inductor's pattern matcher ------------------------------------------
+
+
+@_feature(
+    "pattern_matcher",
+    "torch._inductor.pattern_matcher.register_replacement(search_fn, replace_fn, example_inputs, "
+    "trace_fn, pass_dicts, extra_check, scalar_workaround, search_fn_pattern, skip_duplicates), "
+    "PatternMatcherPass(pass_name).apply(graph) and fwd_only",
+    "patterns",
+    "replacing registered subgraphs (airstream.passes.Replacements, torchair.register_replacement)",
+)
+def _probe_pattern_matcher() -> tuple[Callable[..., Any], Any, Callable[..., Any]]:
+    register = _attr("torch._inductor.pattern_matcher:register_replacement")
+    _takes(
+        register,
+        "search_fn",
+        "replace_fn",
+        "example_inputs",
+        "trace_fn",
+        "pass_dicts",
+        "extra_check",
+        "scalar_workaround",
+        "search_fn_pattern",
+        "skip_duplicates",
+    )
+    matcher_pass = _attr("torch._inductor.pattern_matcher:PatternMatcherPass")
+    _takes(matcher_pass, "pass_name")
+    return register, matcher_pass, _attr("torch._inductor.pattern_matcher:fwd_only")
+
+
+def pattern_pass(name: str) -> Any:
+    """A new, empty set of pattern replacements (Inductor's ``PatternMatcherPass``)."""
+    _, matcher_pass, _ = _get("pattern_matcher")
+    return matcher_pass(pass_name=name)
+
+
+def trace_forward() -> Callable[..., Any]:
+    """Inductor's ``fwd_only``: traces a search or replace function into an aten graph."""
+    return _get("pattern_matcher")[2]
+
+
+def register_pattern(patterns: Any, **kwargs: Any) -> bool:
+    """Register one replacement in ``patterns`` (``register_replacement``'s keywords)."""
+    register = _get("pattern_matcher")[0]
+    return bool(register(pass_dicts=patterns, **kwargs))
+
+
+def apply_patterns(patterns: Any, gm: torch.fx.GraphModule) -> int:
+    """Replace every match of ``patterns`` in ``gm``; return how many."""
+    return int(patterns.apply(gm.graph))

@@ -36,6 +36,7 @@ GROUPS: Mapping[str, str] = {
     "cuda-graphs": 'mode="reduce-overhead" CUDA graphs (weights captured by address)',
     "selftest": "`airstream selftest opinfo`",
     "testing": "airstream's own test suite",
+    "patterns": "registered pattern replacements (airstream.passes.Replacements)",
     "reinplace": "experimental_config.reinplace_input_mutations (custom ops writing inputs)",
     "torchair": "the TorchAir compat layer (`airstream run --torchair`, set_dim_gears)",
     # reporting only: a missing one warns once and the report says "unknown"; nothing fails

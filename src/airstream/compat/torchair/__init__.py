@@ -23,6 +23,7 @@ from airstream.compat.torchair.backend import TorchairBackend
 from airstream.compat.torchair.config import CompilerConfig
 from airstream.compat.torchair.install import install, installed_device
 from airstream.compat.torchair.logger import logger
+from airstream.compat.torchair.patterns import register_replacement
 
 __all__ = [
     "CompilerConfig",
@@ -36,6 +37,7 @@ __all__ = [
     "npu_profiler",
     "ops",
     "patch_for_hcom",
+    "register_replacement",
     "scope",
     "use_internal_format_weight",
 ]

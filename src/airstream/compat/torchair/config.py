@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from airstream.compat.torchair import patterns
 from airstream.compat.torchair.logger import logger
 from airstream.compat.torchair.values import (
     Callback,
@@ -344,6 +345,8 @@ _AIRSTREAM: dict[str, _Sets] = {
         "experimental_config.reinplace_input_mutations", lambda v, c: capture_mode(c) and not v
     ),
 }
+# TorchAir options that act here without an airstream option of their own (read in .airstream)
+_READ_HERE = frozenset({"experimental_config.pattern_fusion_pass"})
 _SETTABLE_ALIASES = {
     "debug.graph_dump.path": "debug.graph_dump._dir",
     "debug.data_dump.path": "debug.data_dump._dir",
@@ -371,7 +374,7 @@ class CompilerConfig(Group):
 
     def _changed(self, path: str, value: Any) -> None:
         path = _SETTABLE_ALIASES.get(path, path)
-        if path in _AIRSTREAM or path in _warned:
+        if path in _AIRSTREAM or path in _READ_HERE or path in _warned:
             return
         _warned.add(path)
         warnings.warn(
@@ -390,6 +393,11 @@ class CompilerConfig(Group):
                 raw = leaf.raw if isinstance(leaf, Value) else leaf
                 air.set_option(rule.target, rule.convert(raw, self))
         air.debug.graph_dump.naming = "torchair"  # TorchAir's dump file names
+        fusions = patterns.registered()
+        if self.experimental_config.pattern_fusion_pass.raw and fusions is not None:
+            # TorchAir applies its registered fusion rules after the custom post pass
+            post = air.post_grad_custom_post_pass
+            air.post_grad_custom_post_pass = [*([] if post is None else [post]), fusions]
         return air
 
     def as_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -405,4 +413,5 @@ class CompilerConfig(Group):
 def npu_only_paths() -> list[str]:
     """Every TorchAir option path with no effect off the NPU."""
     paths = [p for p, _ in CompilerConfig().leaves()]
-    return [p for p in paths if _SETTABLE_ALIASES.get(p, p) not in _AIRSTREAM]
+    acting = _AIRSTREAM.keys() | _READ_HERE
+    return [p for p in paths if _SETTABLE_ALIASES.get(p, p) not in acting]
