@@ -383,3 +383,20 @@ def test_a_constant_tensor_inside_a_segment_is_defined_before_the_fused_node() -
     assert_same(compiled(x), model(x), rtol=1e-6, atol=1e-6)
     graph = graph_of(backend, "inference")
     assert graph.segments and graph.fallbacks == 0
+
+
+def test_a_computed_int_input_compiles_with_the_graph_cache_warm() -> None:
+    # x arrives as s0*s1 (it must equal z's size); Inductor's FX graph cache cannot check its
+    # guards for such an input (KeyError on a Dynamo source name): compiled uncached, twice
+    class Pack(torch.nn.Module):
+        def forward(self, x: int, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+            return z.view([x]) + y.view([x, 1]) + x
+
+    for _ in range(2):  # the second compile finds the first one's entry in the cache
+        torch.compiler.reset()
+        compiled, backend = compile_model(
+            Pack(), _config(debug__strict_max_autotune=True), dynamic=True
+        )
+        y, z = torch.randn(2, 3), torch.randn(3, 2)
+        assert_same(compiled(6, y, z), Pack()(6, y, z))
+        assert graph_of(backend, "inference").segments

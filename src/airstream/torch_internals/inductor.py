@@ -27,7 +27,7 @@ from airstream.torch_internals.registry import (
 @_feature(
     "inductor_compile",
     "torch._inductor.compile_fx.compile_fx_inner(is_inference, is_backward), "
-    "torch._inductor.config.cpp.threads and .triton.cudagraphs, "
+    "torch._inductor.config.cpp.threads, .triton.cudagraphs and .fx_graph_cache, "
     "torch._guards.TracingContext/tracing and the compiled "
     "graph's source_code",
     "max-autotune",
@@ -41,6 +41,8 @@ def _probe_inductor_compile() -> tuple[Callable[..., Any], Any, Any, Any]:
         raise AttributeError("torch._inductor.config.cpp.threads is not an int option")
     if not isinstance(config.triton.cudagraphs, bool):
         raise AttributeError("torch._inductor.config.triton.cudagraphs is not a bool option")
+    if not isinstance(config.fx_graph_cache, bool):
+        raise AttributeError("torch._inductor.config.fx_graph_cache is not a bool option")
     context, tracing = _attr("torch._guards:TracingContext"), _attr("torch._guards:tracing")
     output_code = _attr("torch._inductor.output_code:CompiledFxGraph")
     if "source_code" not in getattr(output_code, "__dataclass_fields__", {}):
@@ -87,14 +89,21 @@ def _probe_fxgraph_cache_counter() -> Any:
     return counters
 
 
+def _compound_symint(value: Any) -> bool:
+    """A symbolic int input that is an expression of several sizes (``s0*s1``), not one."""
+    return isinstance(value, torch.SymInt) and not value.node.expr.is_symbol
+
+
 @contextlib.contextmanager
-def _inductor_context(fake_mode: Any, threads: int) -> Iterator[None]:
+def _inductor_context(fake_mode: Any, threads: int, graph_cache: bool = True) -> Iterator[None]:
     _, config, context, tracing = _get("inductor_compile")
     # A segment is one step of airstream's plan: Inductor must not wrap it in a CUDA graph of its
     # own (torch.compile(mode="reduce-overhead") or a user's config turns that on globally).
     patches: dict[str, Any] = {"triton.cudagraphs": False}
     if threads > 0:
         patches["cpp.threads"] = threads
+    if not graph_cache:
+        patches["fx_graph_cache"] = False
     with tracing(context(fake_mode)), config.patch(patches):
         yield
 
@@ -111,7 +120,11 @@ def inductor_compile(
     ``threads`` > 0 fixes generated CPU kernels' intra-op threads. Returns the boxed callable
     (takes a list of inputs) and Inductor's generated source (``""`` if it has none)."""
     compile_inner = _get("inductor_compile")[0]
-    with _inductor_context(fake_mode, threads):
+    # The FX graph cache checks an entry's shape guards by the Dynamo sources of the graph's
+    # symbolic inputs; a segment input like ``s0*s1`` (an int the model computed) is no source,
+    # and the lookup fails with a KeyError on the source's name: compile such segments uncached.
+    cacheable = not any(_compound_symint(v) for v in example_inputs)
+    with _inductor_context(fake_mode, threads, graph_cache=cacheable):
         compiled = compile_inner(
             gm,
             list(example_inputs),
