@@ -18,6 +18,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
             {
                 "errors",
                 "calibration",
+                "openmp",
                 "torch_internals",
                 "options",
                 "config",

@@ -28,6 +28,7 @@ from airstream.decompositions import decomposition_table
 from airstream.effects import effects
 from airstream.errors import ConfigError
 from airstream.observers import CompileObserver, Observers
+from airstream.openmp import openmp
 from airstream.passes.manager import PassManager, PassResult
 from airstream.passes.tagged_events import lower_tagged_events
 from airstream.runtime.codegen import Executor
@@ -190,7 +191,14 @@ class GraphCompiler:
             return executor
         if not any(s.runs for s in plan.side_streams):
             return SerialExecutor(gm, plan)
-        return CpuExecutor(gm, plan, self.config.stream_config.threads_per_stream)
+        streams = self.config.stream_config
+        return CpuExecutor(
+            gm,
+            plan,
+            streams.threads_per_stream,
+            # released only where they spin long: after a short spin, the release costs more
+            release_openmp_threads=streams.release_openmp_threads and openmp().spins_long,
+        )
 
 
 class _Record(CompileObserver):

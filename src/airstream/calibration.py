@@ -46,9 +46,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["NOMINAL", "MachineCosts", "cache_path", "identity", "machine_costs"]
+from airstream.openmp import OPENMP_VARIABLES
 
-_OPENMP_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+__all__ = ["NOMINAL", "MachineCosts", "cache_path", "identity", "machine_costs"]
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def identity(threads: int | None = None) -> dict[str, Any]:
         "usable_cores": usable,
         "intra_op_threads": threads if threads is not None else torch.get_num_threads(),
         "torch": torch.__version__,
-        "openmp": {name: os.environ.get(name, "") for name in _OPENMP_VARIABLES},
+        "openmp": {name: os.environ.get(name, "") for name in OPENMP_VARIABLES},
     }
 
 

@@ -251,7 +251,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.set_defaults(func=_doctor)
 
-    run = sub.add_parser("run", help="run a script; --torchair: an unmodified TorchAir script")
+    run = sub.add_parser(
+        "run",
+        help="run a script; --torchair: an unmodified TorchAir script",
+        description="Run a script in this Python. With GNU OpenMP and no OpenMP wait policy set, "
+        "it runs with GOMP_SPINCOUNT=10000 (idle OpenMP threads spin briefly, so multi-stream "
+        "calls keep their cores after the script's own torch work); set GOMP_SPINCOUNT or "
+        "OMP_WAIT_POLICY yourself to choose.",
+    )
     run.add_argument("--torchair", action="store_true", help="resolve torchair/torch_npu here")
     run.add_argument("script", help="the script to run")
     run.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
@@ -272,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
             "tp",
             "memory",
             "decode",
+            "serving-loop",
         ],
         help="overhead: per-op cost vs fx.GraphModule and one side stream's cost; "
         "moe: a dense MoE block, eager vs Inductor vs airstream on 1 and 2 streams "
@@ -284,7 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--tokens = batch, --calls = steps), eager vs aot_eager vs Inductor vs airstream on 1 "
         "and 2 streams, each in its own process; decode: decode steps of transformers "
         "architectures (--models) with a static KV cache, eager vs Inductor vs airstream's "
-        "configurations, tokens/s and compile times",
+        "configurations, tokens/s and compile times; serving-loop: the moe, heads and decode "
+        "models (--models) called alone and after eager sampling work, as a serving loop does, "
+        "on 1 stream and on streams with and without releasing OpenMP's idle threads",
     )
     bench.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
     bench.add_argument(
@@ -318,16 +328,40 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--models",
         default="",
-        help="decode: comma-separated models (default all: qwen2-moe, deepseek-v3, llama)",
+        help="decode: comma-separated models (default all: qwen2-moe, deepseek-v3, llama); "
+        "serving-loop: (default all: moe, heads, decode)",
+    )
+    bench.add_argument(
+        "--device",
+        default="cpu",
+        help="moe, decode, branches-pointwise (and moe --mode): where the model runs, cpu or "
+        "cuda[:N] (CUDA streams and events; each timed call ends with a synchronize)",
     )
     bench.add_argument("--json", action="store_true", help="print the report as JSON")
     bench.set_defaults(func=_bench)
     return parser
 
 
+def _relaunch_for_openmp() -> None:
+    """Start this command again with a short OpenMP spin if torch's OpenMP runtime read none.
+
+    The runtime reads its idle policy when torch loads, before a script runs; a process that
+    alternates multi-stream calls with its own torch work keeps more of the streams' speed with
+    idle threads that spin briefly (see airstream.openmp). Does not return when it relaunches."""
+    import os
+
+    from airstream.openmp import launch_environment
+
+    extra = launch_environment(dict(os.environ))
+    if extra:
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, **extra})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``airstream`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
+    if argv is None and args.command == "run":  # a process of its own: set its spin policy
+        _relaunch_for_openmp()
     return args.func(args)
 
 

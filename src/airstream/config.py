@@ -135,6 +135,13 @@ class StreamConfig(OptionGroup):
     _PATH = "stream_config"
     _OPTIONS = {
         "threads_per_stream": Option(1, positive_int, "CPU intra-op threads in each stream worker"),
+        "release_openmp_threads": Option(
+            True,
+            boolean,
+            "before each multi-stream CPU call, release the calling thread's idle OpenMP threads "
+            "where the policy in force lets them spin long (they take the cores the streams need "
+            "after the caller's own torch work; see `airstream doctor`)",
+        ),
     }
 
 

@@ -24,17 +24,9 @@ import torch
 
 from airstream import torch_internals
 from airstream.bench.calibrate import costs_lines, costs_report
+from airstream.openmp import OPENMP_VARIABLES, openmp, release_costs
 
 __all__ = ["Part", "Report", "collect", "format_report"]
-
-# OpenMP runtimes, by the library file torch loaded, and what their idle threads do by default.
-_OPENMP = {
-    "libgomp": ("GNU OpenMP", "idle threads spin GOMP_SPINCOUNT (300,000) iterations, then sleep"),
-    "libiomp": ("Intel OpenMP", "idle threads spin KMP_BLOCKTIME (200 ms), then sleep"),
-    "libomp": ("LLVM OpenMP", "idle threads spin KMP_BLOCKTIME (200 ms), then sleep"),
-    "vcomp": ("MSVC OpenMP", "runtime default"),
-}
-_OPENMP_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 
 
 @dataclass(frozen=True)
@@ -114,29 +106,12 @@ def _versions() -> dict[str, str]:
     }
 
 
-def _openmp_library() -> str | None:
-    """The OpenMP runtime library loaded into this process (Linux: from /proc/self/maps)."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "omp" in line and "/" in line}
-    except OSError:
-        return None
-    for path in sorted(paths):
-        name = os.path.basename(path)
-        if any(name.startswith(prefix) for prefix in _OPENMP):
-            return name
-    return None
-
-
 def _cpu() -> dict[str, Any]:
     info = torch.__config__.parallel_info()
     backend = re.search(r"ATen parallel backend: (.+)", info)
-    openmp = re.search(r"OpenMP (\d+)(?: \(a\.k\.a\. OpenMP ([\d.]+)\))?", info)
-    library = _openmp_library()
-    runtime, default = next(
-        ((rt, d) for prefix, (rt, d) in _OPENMP.items() if library and library.startswith(prefix)),
-        ("unknown", "runtime default"),
-    )
+    version = re.search(r"OpenMP (\d+)(?: \(a\.k\.a\. OpenMP ([\d.]+)\))?", info)
+    omp = openmp()
+    library = os.path.basename(omp.library) if omp.library else None
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
         "cores": os.cpu_count(),
@@ -145,12 +120,21 @@ def _cpu() -> dict[str, Any]:
         "inter_op_threads": torch.get_num_interop_threads(),
         "parallel_backend": backend.group(1).strip() if backend else "unknown",
         "openmp": (
-            f"{runtime} ({library}), OpenMP {openmp.group(2) or openmp.group(1)}"
-            if openmp
+            f"{omp.runtime} ({library}), OpenMP {version.group(2) or version.group(1)}"
+            if version
             else "not used"
         ),
-        "openmp_default_wait": default,
-        "environment": {name: os.environ.get(name, "unset") for name in _OPENMP_VARIABLES},
+        "openmp_default_wait": omp.idle,
+        "openmp_policy": omp.policy,
+        "openmp_release": (
+            "before each multi-stream call, airstream releases the caller's idle OpenMP threads"
+            if omp.can_release and omp.spins_long
+            else "not needed: idle threads spin briefly"
+            if omp.can_release
+            else "not available (no omp_pause_resource_all)"
+        ),
+        "openmp_release_costs_us": release_costs() if omp.can_release and omp.spins_long else {},
+        "environment": {name: os.environ.get(name, "unset") for name in OPENMP_VARIABLES},
     }
 
 
@@ -344,6 +328,19 @@ def format_report(report: Report) -> str:
         f"  {'wait policy':<18}"
         + ", ".join(f"{k}={v}" for k, v in cpu["environment"].items())
         + f" (default: {cpu['openmp_default_wait']})",
+        f"  {'in force':<18}{cpu['openmp_policy']}",
+        f"  {'idle threads':<18}{cpu['openmp_release']}",
+        *(
+            [
+                f"  {'':<18}(stream_config.release_openmp_threads); it costs "
+                "{release:.0f} us per call after the caller's own torch work and {restart:.0f} us "
+                "to its next parallel op".format(**cpu["openmp_release_costs_us"]),
+                f"  {'':<18}cheaper for processes you start: GOMP_SPINCOUNT=10000 (`airstream "
+                "run` sets it; README: OpenMP)",
+            ]
+            if cpu["openmp_release_costs_us"]
+            else []
+        ),
         "",
         "stream costs (what auto_streams decides with)",
         *costs_lines(report.stream_costs),

@@ -27,6 +27,7 @@ import torch
 import torch.fx
 
 from airstream.effects import data_inputs
+from airstream.openmp import release_idle_threads
 from airstream.runtime.codegen import (
     Builder,
     GeneratedCode,
@@ -215,10 +216,18 @@ class _Stream:
 class CpuExecutor:
     """Boxed callable running a StreamPlan with one worker thread per side stream."""
 
-    def __init__(self, gm: torch.fx.GraphModule, plan: StreamPlan, threads_per_stream: int) -> None:
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        plan: StreamPlan,
+        threads_per_stream: int,
+        *,
+        release_openmp_threads: bool = True,
+    ) -> None:
         self._boxed_call = True  # instance attribute: survives functools.wraps (see serial.py)
         self.plan = plan
         self.threads_per_stream = threads_per_stream
+        self.release_openmp_threads = release_openmp_threads
         handover = _Handover(gm, plan)
         self._num_slots = len(handover.slot)
         self._num_events = max((s.event for s in plan.syncs), default=-1) + 1
@@ -284,6 +293,10 @@ class CpuExecutor:
             )
         main_inputs = self.main.pick(args)
         args.clear()  # the boxed convention: every input now lives only where it is read
+        if self.release_openmp_threads:
+            # The caller's own torch work leaves its OpenMP team spinning on the cores the side
+            # streams are about to need (see airstream.openmp).
+            release_idle_threads()
         submit_all(jobs)
         del jobs
         # The caller is the main stream's worker: it too runs with threads_per_stream intra-op

@@ -1,0 +1,163 @@
+"""The OpenMP runtime's idle threads: found, released, and released by multi-stream CPU calls."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+import torch
+from tests.conftest import assert_same
+
+import airstream
+from airstream import openmp
+from airstream.errors import ConfigError
+
+_OPENMP_BUILD = "OpenMP" in torch.__config__.parallel_info() and os.path.exists("/proc/self/maps")
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _parallel_op() -> None:
+    """An op big enough that torch runs it on every intra-op thread (an OpenMP team)."""
+    x = torch.ones(1 << 22)
+    for _ in range(3):
+        torch.add(x, x)
+
+
+@pytest.mark.skipif(not _OPENMP_BUILD, reason="torch is not built with OpenMP here")
+def test_the_runtime_torch_uses_is_found() -> None:
+    found = openmp.openmp()
+    assert found.runtime in ("GNU OpenMP", "Intel OpenMP", "LLVM OpenMP")
+    assert found.library is not None and re.search(r"lib(g|i)?omp", found.library)
+    assert found.can_release  # omp_pause_resource_all (OpenMP 5.0) is in every current runtime
+
+
+@pytest.mark.skipif(
+    not _OPENMP_BUILD or os.cpu_count() == 1 or openmp.openmp().runtime != "GNU OpenMP",
+    reason="needs GNU OpenMP (it ends released threads; LLVM's put them to sleep) and 2 cores",
+)
+def test_release_ends_the_calling_threads_idle_team() -> None:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _parallel_op()
+        with_team = _threads()
+        openmp.release_idle_threads()
+        released = _threads()
+        _parallel_op()  # the next parallel region starts the team again
+        again = _threads()
+    finally:
+        torch.set_num_threads(threads)
+    assert released == with_team - 1 and again == with_team
+
+
+def _two_stream_model() -> tuple[torch.nn.Module, torch.Tensor]:
+    class Two(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with airstream.stream("side"):
+                a = torch.relu(x) * 2
+            return a + x.sin()
+
+    return Two(), torch.randn(8, 8)
+
+
+@pytest.mark.parametrize(("release", "spins_long"), [(True, True), (False, True), (True, False)])
+def test_a_multi_stream_call_releases_idle_threads_where_they_spin_long(
+    release: bool, spins_long: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    from airstream import backend as backend_module
+    from airstream.runtime import cpu
+
+    calls: list[int] = []
+    monkeypatch.setattr(cpu, "release_idle_threads", lambda: calls.append(1))
+    policy = dataclasses.replace(openmp.openmp(), spins_long=spins_long)
+    monkeypatch.setattr(backend_module, "openmp", lambda: policy)
+    model, x = _two_stream_model()
+    config = airstream.CompilerConfig()
+    config.stream_config.release_openmp_threads = release
+    backend = airstream.get_backend(config)
+    compiled = torch.compile(model, backend=backend)
+    for _ in range(3):
+        assert_same(compiled(x), model(x))
+    plan = backend.graphs[-1].plan
+    assert [str(s.label) for s in plan.streams if s.runs] == ["None", "side"]
+    assert len(calls) == (3 if release and spins_long else 0)
+
+
+def test_a_single_stream_call_never_releases(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airstream.runtime import cpu
+
+    calls: list[int] = []
+    monkeypatch.setattr(cpu, "release_idle_threads", lambda: calls.append(1))
+    model = torch.nn.Linear(8, 8)
+    compiled = torch.compile(model, backend=airstream.get_backend())
+    x = torch.randn(2, 8)
+    assert_same(compiled(x), model(x))
+    assert calls == []  # nothing runs beside the caller: its team may keep spinning
+
+
+def test_the_option_rejects_a_non_boolean() -> None:
+    config = airstream.CompilerConfig()
+    with pytest.raises(ConfigError, match="release_openmp_threads"):
+        config.stream_config.release_openmp_threads = "yes"
+
+
+@pytest.mark.parametrize(
+    ("env", "words", "long"),
+    [
+        ({}, "spin 300,000 iterations, the default", True),
+        ({"GOMP_SPINCOUNT": "10000"}, "spin 10,000 iterations, GOMP_SPINCOUNT=10000", False),
+        ({"GOMP_SPINCOUNT": "2M"}, "spin 2,000,000 iterations", True),
+        ({"GOMP_SPINCOUNT": "infinite"}, "spin without end", True),
+        ({"OMP_WAIT_POLICY": "PASSIVE"}, "sleep at once", False),
+        ({"OMP_WAIT_POLICY": "active"}, "spin without end, OMP_WAIT_POLICY=ACTIVE", True),
+    ],
+)
+def test_the_gnu_policy_in_force(env: dict[str, str], words: str, long: bool) -> None:
+    policy, spins_long = openmp._policy("GNU OpenMP", env)
+    assert words in policy and spins_long is long
+
+
+def test_the_llvm_policy_in_force() -> None:
+    assert openmp._policy("LLVM OpenMP", {})[1] is True  # KMP_BLOCKTIME: 200 ms
+    assert openmp._policy("Intel OpenMP", {"KMP_BLOCKTIME": "0"}) == (
+        "idle threads spin 0 ms (KMP_BLOCKTIME)",
+        False,
+    )
+
+
+@pytest.mark.skipif(
+    not _OPENMP_BUILD or openmp.openmp().runtime != "GNU OpenMP", reason="needs GNU OpenMP"
+)
+def test_airstream_run_gets_a_short_spin_unless_a_policy_is_set() -> None:
+    assert openmp.launch_environment({}) == {"GOMP_SPINCOUNT": openmp.LAUNCH_SPINCOUNT}
+    assert openmp.launch_environment({"GOMP_SPINCOUNT": "300000"}) == {}
+    assert openmp.launch_environment({"OMP_WAIT_POLICY": "PASSIVE"}) == {}
+
+
+@pytest.mark.skipif(
+    not _OPENMP_BUILD or openmp.openmp().runtime != "GNU OpenMP", reason="needs GNU OpenMP"
+)
+def test_airstream_run_starts_the_script_with_the_short_spin(tmp_path: os.PathLike[str]) -> None:
+    import subprocess
+    import sys
+
+    script = os.path.join(tmp_path, "show.py")
+    with open(script, "w") as f:
+        f.write("import os\nprint('spin', os.environ.get('GOMP_SPINCOUNT'))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    for extra, want in (({}, "spin 10000"), ({"GOMP_SPINCOUNT": "5"}, "spin 5")):
+        done = subprocess.run(
+            [sys.executable, "-m", "airstream", "run", "--torchair", script],
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        assert want in done.stdout
