@@ -145,3 +145,44 @@ def test_bench_decode_checks_every_runner_and_reports_tokens_per_second(
         )
     text = decode.format_decode(report)
     assert "shared_expert" in text and "tok/s" in text and "compile" in text
+
+
+def test_serving_loop_report_structure(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airstream.bench import decode, serving
+
+    tiny = {
+        "vocab_size": 64,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "moe_intermediate_size": 16,
+        "shared_expert_intermediate_size": 32,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+    }
+    models = {"qwen2-moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", tiny, r"shared_expert\b")}
+    monkeypatch.setattr(decode, "DECODE_MODELS", models)
+    report = serving.run_serving(serving.SERVING_MODELS, batch=2, hidden=16, rounds=1, calls=1)
+    assert set(report["models"]) == {"moe", "heads", "decode"}
+    for conditions in report["models"].values():
+        assert set(conditions) == {"alone", "loop"}
+        for runners in conditions.values():
+            assert set(runners) == {"eager", "1 stream", "streams", "streams, no release"}
+            for figures in runners.values():
+                assert 0 < figures["call_ms"] <= figures["iteration_ms"] and figures["work_ms"] >= 0
+    text = serving.format_serving(report)
+    assert "streams, no release" in text and "iteration" in text
+
+
+def test_bench_refuses_a_device_it_cannot_use(capsys: pytest.CaptureFixture[str]) -> None:
+    from airstream.cli import main
+
+    assert main(["bench", "overhead", "--device", "cuda"]) == 2
+    assert "--device cuda is not supported" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["bench", "moe", "--device", "cuda"]) == 2
+        assert "no CUDA GPU is visible" in capsys.readouterr().err
+    assert main(["bench", "moe", "--device", "tpu"]) == 2
+    assert "choose cpu or cuda[:N]" in capsys.readouterr().err

@@ -8,9 +8,35 @@ import sys
 __all__ = ["run_bench"]
 
 
+_ON_DEVICE = ("moe", "decode", "branches-pointwise")
+
+
 def run_bench(args: argparse.Namespace) -> int:
     """Run the benchmark ``args.name`` and print its report (text, or JSON with --json)."""
     import json
+
+    import torch
+
+    device = getattr(args, "device", "cpu")
+    if device != "cpu":
+        if args.name not in _ON_DEVICE or args.passes:
+            print(
+                f"airstream bench {args.name}: --device {device} is not supported; it runs on "
+                f"cpu (--device applies to {', '.join(_ON_DEVICE)})",
+                file=sys.stderr,
+            )
+            return 2
+        if not device.startswith("cuda") or not torch.cuda.is_available():
+            print(
+                f"airstream bench: --device {device}: "
+                + (
+                    "no CUDA GPU is visible to torch (see `airstream doctor`)"
+                    if device.startswith("cuda")
+                    else "choose cpu or cuda[:N]"
+                ),
+                file=sys.stderr,
+            )
+            return 2
 
     if args.name == "overhead":
         from airstream.bench.overhead import format_overhead, run_overhead
@@ -64,6 +90,26 @@ def run_bench(args: argparse.Namespace) -> int:
             calls=args.calls or 10,
         )
         text = format_tp(report)
+    elif args.name == "serving-loop":
+        from airstream.bench.serving import SERVING_MODELS, format_serving, run_serving
+
+        chosen = tuple(args.models.split(",")) if args.models else SERVING_MODELS
+        unknown = [m for m in chosen if m not in SERVING_MODELS]
+        if unknown:
+            print(
+                f"airstream bench serving-loop: unknown model(s) {unknown}; choose from "
+                f"{', '.join(SERVING_MODELS)}",
+                file=sys.stderr,
+            )
+            return 2
+        report = run_serving(
+            chosen,
+            batch=args.tokens or 8,
+            hidden=args.hidden or 1024,
+            rounds=args.rounds,
+            calls=args.calls or 5,
+        )
+        text = format_serving(report)
     elif args.name == "decode":
         from airstream.bench.decode import DECODE_MODELS, format_decode, run_decode
 
@@ -82,6 +128,7 @@ def run_bench(args: argparse.Namespace) -> int:
             rounds=args.rounds,
             calls=args.calls or 3,
             inductor=not args.no_inductor,
+            device=device,
         )
         text = format_decode(report)
     elif args.mode is not None or args.name == "branches-pointwise":
@@ -96,6 +143,7 @@ def run_bench(args: argparse.Namespace) -> int:
             calls=args.calls or 20,
             inductor=not args.no_inductor,
             compile_times=not args.no_compile_time,
+            device=device,
         )
         text = format_modes(report)
     elif args.name != "moe" or args.passes:
@@ -120,6 +168,7 @@ def run_bench(args: argparse.Namespace) -> int:
             rounds=args.rounds,
             calls=args.calls or 5,
             inductor=not args.no_inductor,
+            device=device,
         )
         text = format_moe(report)
     print(json.dumps(report, indent=2) if args.json else text)

@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from airstream.bench.timing import interleaved_medians, run_conditions
+from airstream.bench.timing import interleaved_medians, run_conditions, synchronized
 
-__all__ = ["DECODE_MODELS", "format_decode", "run_decode"]
+__all__ = ["DECODE_MODELS", "build_model", "decode_step", "format_decode", "run_decode"]
 
 _ATTENTION = {"num_hidden_layers": 4, "num_attention_heads": 16, "max_position_embeddings": 256}
 
@@ -91,13 +91,15 @@ DECODE_MODELS: dict[str, tuple[str, str, dict[str, Any], str | None]] = {
 }
 
 
-def _build(name: str) -> tuple[Any, str | None]:
+def build_model(name: str, device: str = "cpu") -> tuple[Any, str | None]:
+    """The ``DECODE_MODELS`` model ``name`` with random weights (seed 0), in eval mode, and the
+    regex naming its shared expert (``None`` if it has none)."""
     import transformers
 
     config_class, model_class, options, shared = DECODE_MODELS[name]
     config = getattr(transformers, config_class)(**options)
     torch.manual_seed(0)
-    model = getattr(transformers, model_class)(config).eval()
+    model = getattr(transformers, model_class)(config).eval().to(device)
     return model, shared
 
 
@@ -124,7 +126,7 @@ def _backends(shared: str | None, inductor: bool) -> dict[str, Any]:
     return runners
 
 
-def _decoder(
+def decode_step(
     model: Any, backend: Any, batch: int, prompt: int, max_len: int
 ) -> tuple[Callable[[], torch.Tensor], float]:
     """One runner: its cache filled by an eager prefill, and a function doing one decode step.
@@ -134,12 +136,14 @@ def _decoder(
     cache: Any = transformers.StaticCache(config=model.config, max_cache_len=max_len)
     # transformers renamed past_key_values to cache (5.24 warns on the old name)
     name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    device = model.device
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(0, model.config.vocab_size, (batch, prompt), generator=generator)
+    ids = ids.to(device)
     with torch.no_grad():
         model(input_ids=ids, **{name: cache}, use_cache=True)
-    token = torch.randint(0, model.config.vocab_size, (batch, 1), generator=generator)
-    position = torch.tensor([prompt])
+    token = torch.randint(0, model.config.vocab_size, (batch, 1), generator=generator).to(device)
+    position = torch.tensor([prompt], device=device)
     forward = model.forward if backend is None else torch.compile(model.forward, backend=backend)
 
     lengths = [layer.cumulative_length for layer in cache.layers]
@@ -151,9 +155,10 @@ def _decoder(
             out = forward(input_ids=token, **{name: cache}, cache_position=position, use_cache=True)
         return out.logits
 
+    timed = synchronized(str(device), step)
     start = time.perf_counter()
-    step()
-    return step, time.perf_counter() - start
+    timed()
+    return timed, time.perf_counter() - start
 
 
 def run_decode(
@@ -163,22 +168,24 @@ def run_decode(
     rounds: int = 15,
     calls: int = 3,
     inductor: bool = True,
+    device: str = "cpu",
 ) -> dict[str, Any]:
-    """Per model: each runner's median decode-step seconds, tokens/s and compile seconds."""
+    """Per model: each runner's median decode-step seconds, tokens/s and compile seconds (on a
+    CUDA ``device``, each step ends with a synchronize)."""
     report: dict[str, Any] = {
-        **run_conditions(rounds, calls),
+        **run_conditions(rounds, calls, device),
         "batch": batch,
         "prompt": prompt,
         "models": {},
     }
     for name in models:
-        model, shared = _build(name)
+        model, shared = build_model(name, device)
         torch.compiler.reset()
         steps: dict[str, Callable[[], torch.Tensor]] = {}
         compile_seconds: dict[str, float] = {}
         backends = _backends(shared, inductor)
         for runner, backend in backends.items():
-            steps[runner], compile_seconds[runner] = _decoder(
+            steps[runner], compile_seconds[runner] = decode_step(
                 model, backend, batch, prompt, prompt + 8
             )
         decisions = [
@@ -212,7 +219,8 @@ def format_decode(report: dict[str, Any]) -> str:
     lines = [
         f"decode: B={report['batch']} sequences, one token each per step, prompt "
         f"{report['prompt']}, static KV cache; medians of {report['rounds']} interleaved rounds "
-        f"x {report['calls_per_round']} steps; torch {report['torch']}, {report['cores']} cores"
+        f"x {report['calls_per_round']} steps; torch {report['torch']}, {report['device']}, "
+        f"{report['cores']} cores"
     ]
     for name, runners in report["models"].items():
         baseline = min(runners[r]["step_ms"] for r in ("eager", "inductor") if r in runners)
