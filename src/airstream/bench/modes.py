@@ -33,7 +33,7 @@ import torch
 
 from airstream.backend import get_backend
 from airstream.bench.moe import MoE, split_experts
-from airstream.bench.timing import checked_medians, run_conditions, with_threads
+from airstream.bench.timing import checked_medians, run_conditions, synchronized, with_threads
 from airstream.config import CompilerConfig
 
 __all__ = [
@@ -91,7 +91,9 @@ class BranchesPointwise(torch.nn.Module):
         return total
 
 
-def _model(name: str, tokens: int, hidden: int) -> tuple[torch.nn.Module, torch.Tensor, str]:
+def _model(
+    name: str, tokens: int, hidden: int, device: str = "cpu"
+) -> tuple[torch.nn.Module, torch.Tensor, str]:
     """The model, its input, and the module-path pattern that numbers its parallel parts."""
     torch.manual_seed(0)
     if name == "branches-pointwise":
@@ -102,7 +104,7 @@ def _model(name: str, tokens: int, hidden: int) -> tuple[torch.nn.Module, torch.
         pattern = r"experts\.(\d+)"
     else:
         raise ValueError(f"no --mode benchmark for model {name!r}; choose from {MODE_MODELS}")
-    return model.eval(), torch.randn(tokens, hidden), pattern
+    return model.eval().to(device), torch.randn(tokens, hidden, device=device), pattern
 
 
 class _HandSplit:
@@ -154,10 +156,15 @@ def run_modes(
     calls: int = 20,
     inductor: bool = True,
     compile_times: bool = True,
+    device: str = "cpu",
 ) -> dict[str, Any]:
-    """Time eager, Inductor and airstream in each mode on 1 and 2 streams; medians (ms)."""
+    """Time eager, Inductor and airstream in each mode on 1 and 2 streams; medians (ms).
+
+    On a CUDA ``device`` every timed call ends with a synchronize and the hand-written CPU
+    threads are left out."""
     threads = torch.get_num_threads()
-    model, x, pattern = _model(name, tokens, hidden)
+    cuda = device.startswith("cuda")
+    model, x, pattern = _model(name, tokens, hidden, device)
     candidates: dict[str, Callable[[], Any]] = {
         "eager": with_threads(threads, lambda: model(x)),
     }
@@ -172,8 +179,9 @@ def run_modes(
             candidates[runner] = with_threads(threads, functools.partial(compiled, x))
             backends[runner] = backend
     parts = list(getattr(model, "branches" if name == "branches-pointwise" else "experts"))
-    if inductor:
+    if inductor and not cuda:
         candidates["hand-written threads (Inductor parts)"] = with_threads(1, _HandSplit(parts, x))
+    candidates = {runner: synchronized(device, fn) for runner, fn in candidates.items()}
     with torch.no_grad():
         want = model(x)
     # One untimed call per runner and round: the runner before may leave OpenMP workers spinning
@@ -188,7 +196,7 @@ def run_modes(
         "model": name,
         "tokens": tokens,
         "hidden": hidden,
-        **run_conditions(rounds, calls),
+        **run_conditions(rounds, calls, device),
         "ms": {k: v * 1e3 for k, v in medians.items()},
         "segments": segments,
         "streams_used": {
@@ -199,12 +207,14 @@ def run_modes(
     if compile_times:
         runners = [r for r in ("inductor", *backends) if r in candidates]
         report["compile_s"] = {
-            r: compile_time(name, r, tokens=tokens, hidden=hidden) for r in runners
+            r: compile_time(name, r, tokens=tokens, hidden=hidden, device=device) for r in runners
         }
     return report
 
 
-def compile_time(name: str, runner: str, tokens: int = 8, hidden: int = 1024) -> dict[str, float]:
+def compile_time(
+    name: str, runner: str, tokens: int = 8, hidden: int = 1024, device: str = "cpu"
+) -> dict[str, float]:
     """First-call seconds of ``runner`` on model ``name`` in fresh processes: ``cold`` (empty
     Inductor cache) and ``warm`` (a second process on the same cache)."""
     with tempfile.TemporaryDirectory(prefix="airstream-compile-") as cache:
@@ -220,6 +230,7 @@ def compile_time(name: str, runner: str, tokens: int = 8, hidden: int = 1024) ->
                     runner,
                     str(tokens),
                     str(hidden),
+                    device,
                 ],
                 env=env,
                 capture_output=True,
@@ -231,8 +242,8 @@ def compile_time(name: str, runner: str, tokens: int = 8, hidden: int = 1024) ->
     return out
 
 
-def _first_call(name: str, runner: str, tokens: int, hidden: int) -> float:
-    model, x, pattern = _model(name, tokens, hidden)
+def _first_call(name: str, runner: str, tokens: int, hidden: int, device: str) -> float:
+    model, x, pattern = _model(name, tokens, hidden, device)
     if runner == "inductor":
         compiled = torch.compile(model)
     else:
@@ -240,7 +251,7 @@ def _first_call(name: str, runner: str, tokens: int, hidden: int) -> float:
         compiled, _ = _airstream(model, mode, int(streams), pattern)
     start = time.perf_counter()
     with torch.no_grad():
-        compiled(x)
+        synchronized(device, functools.partial(compiled, x))()
     return time.perf_counter() - start
 
 
@@ -251,7 +262,8 @@ def format_modes(report: dict[str, Any]) -> str:
     ref_name = "inductor" if "inductor" in ms else "eager"
     lines = [
         f"{report['model']}: B={report['tokens']}, H={report['hidden']}, float32; "
-        f"{report['cores']} cores, torch {report['torch']}; {report['rounds']} interleaved "
+        f"{report['device']}, {report['cores']} cores, torch {report['torch']}; "
+        f"{report['rounds']} interleaved "
         f"rounds x {report['calls_per_round']} calls (after 1 untimed call), medians",
         f"{'runner':<38}{'ms':>9}{'vs ' + ref_name:>14}{'segments':>10}{'streams':>9}",
     ]
@@ -268,6 +280,6 @@ def format_modes(report: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":  # one compile-time measurement (see compile_time)
-    _name, _runner, _tokens, _hidden = sys.argv[1:5]
-    seconds = _first_call(_name, _runner, int(_tokens), int(_hidden))
+    _name, _runner, _tokens, _hidden, _device = sys.argv[1:6]
+    seconds = _first_call(_name, _runner, int(_tokens), int(_hidden), _device)
     print(json.dumps({"seconds": seconds}))

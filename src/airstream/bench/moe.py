@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from airstream.backend import get_backend
-from airstream.bench.timing import checked_medians, run_conditions, with_threads
+from airstream.bench.timing import checked_medians, run_conditions, synchronized, with_threads
 from airstream.config import CompilerConfig
 from airstream.ops.library import STREAM_LABEL_KEY, scope_enter, scope_exit
 from airstream.torch_internals import module_stack
@@ -131,12 +131,17 @@ def run_moe(
     rounds: int = 15,
     calls: int = 5,
     inductor: bool = True,
+    device: str = "cpu",
 ) -> dict[str, Any]:
-    """Time the runners; return medians (ms) and ratios, checked against eager first."""
+    """Time the runners; return medians (ms) and ratios, checked against eager first.
+
+    On a CUDA ``device`` every timed call ends with a synchronize; the hand-written threads and
+    the 1-thread eager runner (CPU figures) are left out there."""
     default_threads = torch.get_num_threads()
+    cuda = device.startswith("cuda")
     torch.manual_seed(0)
-    model = MoE(experts, hidden).eval()
-    x = torch.randn(tokens, hidden)
+    model = MoE(experts, hidden).eval().to(device)
+    x = torch.randn(tokens, hidden, device=device)
     single = torch.compile(model, backend=get_backend(CompilerConfig()))
     config = CompilerConfig()
     config.post_grad_custom_pre_pass = split_experts(2)
@@ -144,16 +149,18 @@ def run_moe(
     multi = torch.compile(model, backend=backend)
     candidates: dict[str, Callable[[], Any]] = {
         f"eager ({default_threads} threads)": with_threads(default_threads, lambda: model(x)),
-        "eager (1 thread)": with_threads(1, lambda: model(x)),
     }
+    if not cuda:
+        candidates["eager (1 thread)"] = with_threads(1, lambda: model(x))
     if inductor:
         compiled = torch.compile(model)
         candidates["inductor"] = with_threads(default_threads, lambda: compiled(x))
     candidates["airstream 1 stream"] = with_threads(1, lambda: single(x))
     # The runtime sets the caller's intra-op threads itself; run it from the default setting.
     candidates["airstream 2 streams"] = with_threads(default_threads, lambda: multi(x))
-    if experts % 2 == 0:
+    if experts % 2 == 0 and not cuda:
         candidates["hand-written threads"] = with_threads(1, _hand_threads(model, x))
+    candidates = {name: synchronized(device, fn) for name, fn in candidates.items()}
     with torch.no_grad():
         want = model(x)
     medians = checked_medians(candidates, want, rounds=rounds, calls_per_round=calls)
@@ -169,7 +176,7 @@ def run_moe(
         "tokens": tokens,
         "hidden": hidden,
         "dtype": "float32",
-        **run_conditions(rounds, calls),
+        **run_conditions(rounds, calls, device),
         "plan": plan.summary(),
         "ms": {name: t * 1e3 for name, t in medians.items()},
         "speedup_2_streams_vs_best_default": baseline / medians["airstream 2 streams"],
@@ -177,7 +184,7 @@ def run_moe(
         / medians["airstream 2 streams"],
         "speedup_hand_threads_vs_eager_1_thread": (
             medians["eager (1 thread)"] / medians["hand-written threads"]
-            if "hand-written threads" in medians
+            if "hand-written threads" in medians and "eager (1 thread)" in medians
             else None
         ),
     }
@@ -188,7 +195,7 @@ def format_moe(report: dict[str, Any]) -> str:
     fastest = min(report["ms"].values())
     lines = [
         f"moe: E={report['experts']} experts, B={report['tokens']} tokens, H={report['hidden']}, "
-        f"{report['dtype']}; {report['cores']} cores, torch {report['torch']}; "
+        f"{report['dtype']}; {report['device']}, {report['cores']} cores, torch {report['torch']}; "
         f"{report['rounds']} interleaved rounds x {report['calls_per_round']} calls, medians",
         f"{'runner':<24}{'ms':>9}{'vs fastest':>12}",
     ]

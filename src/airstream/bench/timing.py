@@ -10,7 +10,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["checked_medians", "interleaved_medians", "run_conditions", "with_threads"]
+__all__ = [
+    "checked_medians",
+    "interleaved_medians",
+    "run_conditions",
+    "synchronized",
+    "with_threads",
+]
 
 
 def interleaved_medians(
@@ -54,6 +60,20 @@ def with_threads(threads: int, fn: Callable[[], Any]) -> Callable[[], Any]:
     return run
 
 
+def synchronized(device: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` followed by a device synchronize on a CUDA ``device`` (a timed call then ends when
+    its kernels do); ``fn`` itself on CPU."""
+    if not device.startswith("cuda"):
+        return fn
+
+    def run() -> Any:
+        out = fn()
+        torch.cuda.synchronize(device)
+        return out
+
+    return run
+
+
 def checked_medians(
     candidates: Mapping[str, Callable[[], Any]],
     want: Any,
@@ -83,11 +103,12 @@ def checked_medians(
         torch.set_num_threads(threads)
 
 
-def run_conditions(rounds: int, calls: int) -> dict[str, Any]:
+def run_conditions(rounds: int, calls: int, device: str = "cpu") -> dict[str, Any]:
     """The fields every benchmark report carries: the machine, torch, and how it was timed."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
         "cores": usable,  # the cores this process may run on (taskset, cgroups), not the machine's
+        "device": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
         "torch": torch.__version__,
         "rounds": rounds,
         "calls_per_round": calls,
