@@ -25,6 +25,7 @@ import torch
 from airstream import torch_internals
 from airstream.bench.calibrate import costs_lines, costs_report
 from airstream.openmp import OPENMP_VARIABLES, openmp, release_costs
+from airstream.runtime.handoff import flag_type
 
 __all__ = ["Part", "Report", "collect", "format_report"]
 
@@ -123,6 +124,11 @@ def _cpu() -> dict[str, Any]:
             f"{omp.runtime} ({library}), OpenMP {version.group(2) or version.group(1)}"
             if version
             else "not used"
+        ),
+        "handoff": (
+            "spinning flags (runtime/handoff.py's C extension)"
+            if flag_type() is not None
+            else "locks (the handoff extension is unavailable or AIRSTREAM_HANDOFF=locks)"
         ),
         "openmp_default_wait": omp.idle,
         "openmp_policy": omp.policy,
@@ -324,6 +330,7 @@ def format_report(report: Report) -> str:
         f"  {'threads':<18}{cpu['intra_op_threads']} intra-op, {cpu['inter_op_threads']} "
         "inter-op (torch.get_num_threads, get_num_interop_threads)",
         f"  {'parallel backend':<18}{cpu['parallel_backend']}",
+        f"  {'stream handoff':<18}{cpu['handoff']}",
         f"  {'OpenMP':<18}{cpu['openmp']}",
         f"  {'wait policy':<18}"
         + ", ".join(f"{k}={v}" for k, v in cpu["environment"].items())

@@ -3,11 +3,16 @@
 Every stream runs with ``stream_config.threads_per_stream`` intra-op threads, the calling thread
 included for the duration of the call (its own setting is restored afterwards).
 
-Every stream's steps become one generated function (``runtime/codegen.py``): a record releases a
-per-call lock, a wait acquires it. The caller hands each stream the inputs it reads and empties
-its own argument list; a value one stream makes and another reads goes through a per-call slot of
-its own for every (value, reading stream) pair, which the reader empties when it first reads it:
-nothing the call computes outlives its last use on any stream. A call costs one handoff per side
+Every stream's steps become one generated function (``runtime/codegen.py``): a record sets a
+per-call event, a wait waits for it. Events are spinning flags (``runtime/handoff.py``: a waiter
+spins briefly without the GIL, then sleeps) where that extension is available, else locks. With
+flags, a side stream's last record (the one the caller's join waits for) is set by its worker
+after it lets go of the GIL, so the caller resumes without waiting for the GIL.
+
+The caller hands each stream the inputs it reads and empties its own argument list; a value one
+stream makes and another reads goes through a per-call slot of its own for every (value, reading
+stream) pair, which the reader empties when it first reads it: nothing the call computes
+outlives its last use on any stream. A call costs one handoff per side
 stream, not one per op.
 
 Failure handling: an op that raises on any stream marks the call failed and sets every event of
@@ -37,9 +42,10 @@ from airstream.runtime.codegen import (
     generate,
     inputs_read,
 )
+from airstream.runtime.handoff import SPIN_NS, flag_type
 from airstream.runtime.trace import CallTrace, StreamTrace, now_ns, tracing_wanted
 from airstream.runtime.workers import StreamWorker, submit_all, worker_for
-from airstream.schedule.plan import StreamPlan, StreamSteps
+from airstream.schedule.plan import Record, StreamPlan, StreamSteps
 from airstream.torch_internals import set_grad_enabled
 
 __all__ = ["CpuExecutor"]
@@ -67,14 +73,39 @@ def _set(lock: Any) -> None:
         pass
 
 
-class _CallState:
-    __slots__ = ("error", "events", "failed", "guard", "where")
+class _Events:
+    """How a call's events are made, set and waited for: spinning flags, or locks created held
+    (record releases, wait acquires and releases again, so every waiter passes)."""
 
-    def __init__(self, events: list[Any]) -> None:
+    def __init__(self, flag: Any) -> None:
+        self.flag = flag
+
+    def new(self) -> Any:
+        return self.flag() if self.flag is not None else _new_event()
+
+    def set(self, event: Any) -> None:
+        if self.flag is not None:
+            event.set()
+        else:
+            _set(event)
+
+    def wait(self, event: Any) -> None:
+        if self.flag is not None:
+            event.wait(SPIN_NS)
+        else:
+            event.acquire()
+            _set(event)
+
+
+class _CallState:
+    __slots__ = ("error", "events", "failed", "guard", "kind", "where")
+
+    def __init__(self, events: list[Any], kind: _Events) -> None:
         self.failed = False
         self.error: BaseException | None = None
         self.where = ""
         self.events = events
+        self.kind = kind
         self.guard = _new_lock()
 
     def fail(self, error: BaseException, where: str) -> None:
@@ -82,7 +113,7 @@ class _CallState:
             if not self.failed:
                 self.failed, self.error, self.where = True, error, where
         for event in self.events:  # wake every stream of this call
-            _set(event)
+            self.kind.set(event)
 
 
 def _record(events: list[Any], index: int) -> None:
@@ -108,6 +139,30 @@ def _wait_traced(events: list[Any], index: int, state: _CallState, trace: Stream
     lock = events[index]
     lock.acquire()
     _set(lock)
+    trace.sync("wait", index, start)
+    if state.failed:
+        raise _Aborted
+
+
+def _record_flag(events: list[Any], index: int) -> None:
+    events[index].set()
+
+
+def _wait_flag(events: list[Any], index: int, state: _CallState) -> None:
+    events[index].wait(SPIN_NS)
+    if state.failed:
+        raise _Aborted
+
+
+def _record_flag_traced(events: list[Any], index: int, trace: StreamTrace) -> None:
+    start = now_ns()
+    events[index].set()
+    trace.sync("record", index, start)
+
+
+def _wait_flag_traced(events: list[Any], index: int, state: _CallState, trace: StreamTrace) -> None:
+    start = now_ns()
+    events[index].wait(SPIN_NS)
     trace.sync("wait", index, start)
     if state.failed:
         raise _Aborted
@@ -145,24 +200,25 @@ class _Handover:
 class _StreamHooks(Hooks):
     params = ("slots", "events", "state")
 
-    def __init__(self, handover: _Handover) -> None:
+    def __init__(self, handover: _Handover, flags: bool) -> None:
         self.handover = handover
+        self.flags = flags
 
     def record(self, b: Builder, label: Label, event: int) -> None:
         trace = b.trace(label)
         events = b.params["events"]
         if trace is None:
-            b.call(_record, events, event)
+            b.call(_record_flag if self.flags else _record, events, event)
         else:
-            b.call(_record_traced, events, event, trace)
+            b.call(_record_flag_traced if self.flags else _record_traced, events, event, trace)
 
     def wait(self, b: Builder, label: Label, event: int) -> None:
         trace = b.trace(label)
         events, state = b.params["events"], b.params["state"]
         if trace is None:
-            b.call(_wait, events, event, state)
+            b.call(_wait_flag if self.flags else _wait, events, event, state)
         else:
-            b.call(_wait_traced, events, event, state, trace)
+            b.call(_wait_flag_traced if self.flags else _wait_traced, events, event, state, trace)
 
     def fetch(self, b: Builder, node: torch.fx.Node, label: Label) -> torch.fx.Node:
         return b.call(_take, b.params["slots"], self.handover.slot[(node, label)])
@@ -185,10 +241,18 @@ def _picker(indices: Sequence[int]) -> Callable[[list[Any]], list[Any]]:
 
 
 class _Stream:
-    """One stream's generated code (plain, and traced on first need) and the inputs it reads."""
+    """One stream's generated code (plain, and traced on first need) and the inputs it reads.
+
+    With flags, a side stream whose last step is a record leaves that record out of its plain
+    code: ``final_event`` names it, and the worker sets it once it has let go of the GIL."""
 
     def __init__(
-        self, gm: torch.fx.GraphModule, program: StreamSteps, handover: _Handover, main: bool
+        self,
+        gm: torch.fx.GraphModule,
+        program: StreamSteps,
+        handover: _Handover,
+        main: bool,
+        flags: bool,
     ) -> None:
         self.label = program.label
         steps = [(program.label, step) for step in program.steps]
@@ -196,13 +260,16 @@ class _Stream:
         self.pick = _picker(list(reads.values()))
         own = {n: i for i, n in enumerate(reads)}
         name = f"AirstreamStream_{'main' if main else program.label}"  # generate() sanitizes
+        last = program.steps[-1] if program.steps else None
+        self.final_event = last.event if flags and not main and isinstance(last, Record) else None
+        plain = steps[:-1] if self.final_event is not None else steps
 
         def build(traced: bool) -> GeneratedCode:
             return generate(
                 gm,
-                steps,
+                steps if traced else plain,
                 inputs=own,
-                hooks=_StreamHooks(handover),
+                hooks=_StreamHooks(handover, flags),
                 returns=main,
                 traced=traced,
                 name=name,
@@ -228,12 +295,14 @@ class CpuExecutor:
         self.plan = plan
         self.threads_per_stream = threads_per_stream
         self.release_openmp_threads = release_openmp_threads
+        self._events = _Events(flag_type())
+        flags = self._events.flag is not None
         handover = _Handover(gm, plan)
         self._num_slots = len(handover.slot)
         self._num_events = max((s.event for s in plan.syncs), default=-1) + 1
-        self.main = _Stream(gm, plan.stream(None), handover, main=True)
+        self.main = _Stream(gm, plan.stream(None), handover, main=True, flags=flags)
         self.sides: tuple[tuple[StreamWorker, _Stream], ...] = tuple(
-            (worker_for(str(s.label)), _Stream(gm, s, handover, main=False))
+            (worker_for(str(s.label)), _Stream(gm, s, handover, main=False, flags=flags))
             for s in plan.side_streams
             if s.runs
         )
@@ -254,10 +323,14 @@ class CpuExecutor:
         done: Any,
         grad: bool,
         trace: CallTrace | None,
-    ) -> Callable[[], None]:
+        final: Any,
+    ) -> Callable[[], Any]:
+        """The side stream's job for one call; it returns ``final`` (the event of its last
+        record, left out of its code) for its worker to set after letting go of the GIL."""
         threads = self.threads_per_stream
+        kind = self._events
 
-        def job() -> None:
+        def job() -> Any:
             try:
                 if torch.get_num_threads() != threads:
                     torch.set_num_threads(threads)
@@ -273,24 +346,28 @@ class CpuExecutor:
             except BaseException as error:  # handed to the caller
                 state.fail(error, code.locate(error))
             finally:
-                done.release()
+                kind.set(done)
+            return final
 
         return job
 
     def __call__(self, args: list[Any]) -> Any:
         trace = CallTrace() if tracing_wanted() else None
         main = self.main.code if trace is None else self.main.traced.get()
-        events = [_new_event() for _ in range(self._num_events)]
-        state = _CallState(events)
+        kind = self._events
+        events = [kind.new() for _ in range(self._num_events)]
+        state = _CallState(events, kind)
         slots: list[Any] = [None] * self._num_slots
         grad = torch.is_grad_enabled()
-        done = [_new_event() for _ in self.sides]
+        done = [kind.new() for _ in self.sides]
         jobs = []
         for i, (worker, stream) in enumerate(self.sides):
             code = stream.code if trace is None else stream.traced.get()
-            jobs.append(
-                (worker, self._job(code, stream.pick(args), slots, state, done[i], grad, trace))
-            )
+            final = None
+            if trace is None and stream.final_event is not None:
+                final = events[stream.final_event]
+            job = self._job(code, stream.pick(args), slots, state, done[i], grad, trace, final)
+            jobs.append((worker, job))
         main_inputs = self.main.pick(args)
         args.clear()  # the boxed convention: every input now lives only where it is read
         if self.release_openmp_threads:
@@ -320,8 +397,8 @@ class CpuExecutor:
         if state.failed or trace is not None:
             # Failed: the join was skipped or poisoned. Traced: the trace must be complete.
             # Either way, let every side stream of this call finish first.
-            for lock in done:
-                lock.acquire()
+            for event in done:
+                kind.wait(event)
         if trace is not None:
             trace.finish()
         if state.failed:

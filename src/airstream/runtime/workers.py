@@ -5,19 +5,31 @@ bounded by the number of distinct labels, however many graphs are compiled. Jobs
 under one process-wide lock so that every worker sees concurrent calls in the same order: a
 call's jobs never queue behind a later call's jobs on one worker and ahead of them on another,
 which is what would let two concurrent calls deadlock.
+
+Where the spinning handoff is available (``runtime/handoff.py``), a worker waits for jobs on a
+``Flag`` (spinning a little, without the GIL, after each job), and a job may return a ``Flag``
+that the worker sets only once it has let go of the GIL: the caller waiting on it then takes the
+GIL at once. Otherwise it waits on a queue.
 """
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
-__all__ = ["StreamWorker", "submit_all", "worker_count", "worker_for"]
+from airstream.runtime.handoff import SPIN_NS, flag_type
+
+__all__ = ["Job", "StreamWorker", "submit_all", "worker_count", "worker_for"]
 
 _registry: dict[str, StreamWorker] = {}
 _registry_lock = threading.Lock()
 _submit_lock = threading.Lock()
+
+
+Job = Callable[[], Any]  # returns None, or a Flag to set once the worker has let go of the GIL
 
 
 class StreamWorker:
@@ -25,21 +37,46 @@ class StreamWorker:
 
     def __init__(self, label: str) -> None:
         self.label = label
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self.thread = threading.Thread(
-            target=self._loop, name=f"airstream-stream-{label}", daemon=True
-        )
+        flag = flag_type()
+        self._ready: Any = flag() if flag is not None else None
+        self._box: collections.deque[Job] = collections.deque()
+        self._jobs: queue.SimpleQueue[Job] = queue.SimpleQueue()
+        loop = self._spin_loop if self._ready is not None else self._loop
+        self.thread = threading.Thread(target=loop, name=f"airstream-stream-{label}", daemon=True)
         self.thread.start()
 
     def _loop(self) -> None:
         while True:
             job = self._jobs.get()
-            job()  # jobs catch their own exceptions (see runtime.cpu)
+            then = job()  # jobs catch their own exceptions (see runtime.cpu)
             del job  # a finished call's job must not keep its tensors alive until the next one
+            if then is not None:
+                then.set()
 
-    def submit(self, job: Callable[[], None]) -> None:
+    def _spin_loop(self) -> None:
+        ready, box = self._ready, self._box
+        then = None
+        while True:
+            if then is None:
+                ready.wait(SPIN_NS)
+            else:
+                ready.wait(SPIN_NS, then)  # sets `then` after letting go of the GIL
+            ready.clear()
+            then = None
+            while box:
+                if then is not None:  # another job is queued: no reason to wait for the GIL
+                    then.set()
+                job = box.popleft()
+                then = job()
+                del job
+
+    def submit(self, job: Job) -> None:
         """Queue ``job``; prefer :func:`submit_all` for the jobs of one call."""
-        self._jobs.put(job)
+        if self._ready is None:
+            self._jobs.put(job)
+        else:
+            self._box.append(job)
+            self._ready.set()
 
 
 def worker_for(label: str) -> StreamWorker:
@@ -53,7 +90,7 @@ def worker_for(label: str) -> StreamWorker:
     return worker
 
 
-def submit_all(jobs: Sequence[tuple[StreamWorker, Callable[[], None]]]) -> None:
+def submit_all(jobs: Sequence[tuple[StreamWorker, Job]]) -> None:
     """Queue the side-stream jobs of one call atomically with respect to other calls."""
     with _submit_lock:
         for worker, job in jobs:
