@@ -169,7 +169,13 @@ def test_serving_loop_report_structure(monkeypatch: pytest.MonkeyPatch) -> None:
     for conditions in report["models"].values():
         assert set(conditions) == {"alone", "loop"}
         for runners in conditions.values():
-            assert set(runners) == {"eager", "1 stream", "streams", "streams, no release"}
+            assert set(runners) == {
+                "eager",
+                "1 stream",
+                "streams",
+                "streams, workers",
+                "streams, no release",
+            }
             for figures in runners.values():
                 assert 0 < figures["call_ms"] <= figures["iteration_ms"] and figures["work_ms"] >= 0
     text = serving.format_serving(report)

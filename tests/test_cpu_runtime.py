@@ -38,18 +38,30 @@ def probes() -> Any:
     probe_ops.BARRIERS.clear()
 
 
-def test_side_stream_runs_concurrently_on_its_worker(probes: Any) -> None:
-    compiled, backend = compile_model(_Parallel(), fullgraph=True)
+@pytest.mark.parametrize("where", ["openmp team", "workers"])
+def test_side_stream_runs_concurrently_beside_the_caller(probes: Any, where: str) -> None:
+    from airstream.runtime import cpu
+
+    if where == "openmp team" and cpu.team_runner() is None:
+        pytest.skip("no OpenMP team here (torch is not on GNU OpenMP, or no extension)")
+    config = airstream.CompilerConfig()
+    config.stream_config.openmp_team = where == "openmp team"  # the default: True
+    compiled, backend = compile_model(_Parallel(), config, fullgraph=True)
     x = torch.randn(8)
     compiled(x)  # compile first; the barrier would hold the fake-tensor trace too
-    assert isinstance(graph_of(backend, "inference").executor, CpuExecutor)
+    executor = graph_of(backend, "inference").executor
+    assert isinstance(executor, CpuExecutor) and executor.side_threads == where
     barrier = threading.Barrier(2, timeout=20)
     probes.BARRIERS.update(side=barrier, main=barrier)
     probes.SEEN.clear()
     assert_same(compiled(x), x.sin() + x.cos())
-    where = {tag: thread for tag, thread, _ in probes.SEEN}
-    assert where["side"] == "airstream-stream-s1"
-    assert where["main"] == threading.current_thread().name
+    where_ran = {tag: thread for tag, thread, _ in probes.SEEN}
+    assert where_ran["main"] == threading.current_thread().name
+    if where == "workers":
+        assert where_ran["side"] == "airstream-stream-s1"
+    else:  # a thread of the caller's OpenMP team, not one of airstream's workers
+        assert where_ran["side"] != where_ran["main"]
+        assert not where_ran["side"].startswith("airstream-stream")
     assert not barrier.broken
 
 

@@ -48,26 +48,37 @@ def test_wait_sets_then_after_letting_go_of_the_gil() -> None:
         ready.wait(0, object())
 
 
+def _forget() -> None:
+    """Forget the loaded extension and team, so the next use looks at the environment again."""
+    handoff._extension.cache_clear()
+    handoff.team_runner.cache_clear()
+
+
 def test_no_compiler_means_locks_with_one_warning(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("AIRSTREAM_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(handoff.sysconfig, "get_config_var", lambda name: "no-such-cc")
-    handoff.flag_type.cache_clear()
+    _forget()
     try:
         with pytest.warns(RuntimeWarning, match="hand off with locks"):
             assert handoff.flag_type() is None
     finally:
-        handoff.flag_type.cache_clear()
+        _forget()
 
 
-def test_locks_can_be_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AIRSTREAM_HANDOFF", "locks")
-    handoff.flag_type.cache_clear()
+def test_locks_and_threads_can_be_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
     try:
-        assert handoff.flag_type() is None
+        monkeypatch.setenv("AIRSTREAM_HANDOFF", "locks")
+        _forget()
+        assert handoff.flag_type() is None and handoff.team_runner() is None
+        monkeypatch.setenv("AIRSTREAM_HANDOFF", "threads")
+        _forget()
+        assert handoff.team_runner() is None
+        assert (handoff.flag_type() is None) == (Flag is None)
     finally:
-        handoff.flag_type.cache_clear()
+        monkeypatch.delenv("AIRSTREAM_HANDOFF")
+        _forget()
 
 
 class _Three(torch.nn.Module):
@@ -79,14 +90,24 @@ class _Three(torch.nn.Module):
         return a + b + x.sin()
 
 
-@pytest.mark.parametrize("kind", ["flags", "locks"])
-def test_both_event_kinds_run_a_call_and_its_failure(
-    kind: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    if kind == "flags" and Flag is None:
+def _choose(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run side streams on the OpenMP team (``team``), on workers with flags (``flags``) or on
+    workers with locks (``locks``); skip where this machine lacks the kind."""
+    if kind != "locks" and Flag is None:
         pytest.skip("the handoff extension could not be built")
+    if kind == "team" and cpu.team_runner() is None:
+        pytest.skip("no OpenMP team here (torch is not on GNU OpenMP)")
+    if kind != "team":
+        monkeypatch.setattr(cpu, "team_runner", lambda: None)
     if kind == "locks":
         monkeypatch.setattr(cpu, "flag_type", lambda: None)
+
+
+@pytest.mark.parametrize("kind", ["team", "flags", "locks"])
+def test_every_handoff_runs_a_call_and_its_failure(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _choose(kind, monkeypatch)
     backend = airstream.get_backend()
     model = _Three()
     compiled = torch.compile(model, backend=backend)
@@ -99,7 +120,8 @@ def test_both_event_kinds_run_a_call_and_its_failure(
     assert set(sides) == {"hand_a", "hand_b"}
     # with flags, each side stream's last record is left to its worker (after the GIL is free)
     finals = [stream.final_event for stream in sides.values()]
-    assert all(f is not None for f in finals) if kind == "flags" else finals == [None, None]
+    assert all(f is not None for f in finals) if kind != "locks" else finals == [None, None]
+    assert executor.side_threads == ("openmp team" if kind == "team" else "workers")
     with airstream.profile() as prof:  # traced code keeps every record
         assert_same(compiled(x), model(x))
     assert {r.stream for r in prof.records} >= {"hand_a", "hand_b"}
@@ -114,17 +136,14 @@ class _TwoSleeps(torch.nn.Module):
         return c + x
 
 
-@pytest.mark.parametrize("kind", ["flags", "locks"])
+@pytest.mark.parametrize("kind", ["team", "flags", "locks"])
 @pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs signal.pthread_kill")
 def test_ctrl_c_reaches_a_caller_waiting_at_the_join(
     kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tests import probe_ops  # noqa: F401  (registers the test ops)
 
-    if kind == "flags" and Flag is None:
-        pytest.skip("the handoff extension could not be built")
-    if kind == "locks":
-        monkeypatch.setattr(cpu, "flag_type", lambda: None)
+    _choose(kind, monkeypatch)
     model = _TwoSleeps()
     compiled = torch.compile(model, backend=airstream.get_backend())
     x = torch.rand(4)
@@ -142,3 +161,72 @@ def test_ctrl_c_reaches_a_caller_waiting_at_the_join(
     # first sleep (1 s) instead of running its second; an uninterruptible join would take 2 s
     assert waited < 1.7, f"the caller stayed blocked {waited:.2f} s"
     assert_same(compiled(x), model(x))
+
+
+needs_team = pytest.mark.skipif(
+    handoff.team_runner() is None, reason="no OpenMP team here (torch is not on GNU OpenMP)"
+)
+
+
+@needs_team
+def test_run_team_runs_each_function_on_its_own_thread_at_once() -> None:
+    run_team = handoff.team_runner()
+    assert run_team is not None
+    barrier = threading.Barrier(2, timeout=20)  # only concurrent calls get past it
+    seen: dict[int, int] = {}
+
+    def on(i: int, value: object) -> object:
+        def fn() -> object:
+            seen[i] = threading.get_ident()
+            barrier.wait()
+            return value
+
+        return fn
+
+    then = Flag()
+    torch.add(torch.ones(1 << 16), 1)  # the caller's team exists, as after any torch work
+    assert run_team((on(0, "result"), on(1, then))) == ("result",)
+    assert seen[0] == threading.get_ident() and seen[1] != seen[0]
+    assert then.is_set()  # a Flag a team function returns is set after it lets go of the GIL
+    assert not barrier.broken
+
+
+@needs_team
+def test_run_team_raises_the_callers_error_and_declines_inside_a_parallel_region() -> None:
+    run_team = handoff.team_runner()
+    assert run_team is not None
+
+    def fail() -> None:
+        raise ValueError("from the caller's function")
+
+    with pytest.raises(ValueError, match="caller's function"):
+        run_team((fail, lambda: None))
+    nested: list[object] = []
+    # on a team thread, a second region could only run on one thread: nothing runs
+    assert run_team((lambda: None, lambda: nested.append(run_team((lambda: 1, lambda: 2)))))
+    assert nested == [None]
+
+
+@needs_team
+def test_a_call_needing_more_threads_than_the_callers_team_goes_to_workers() -> None:
+    from tests import probe_ops
+
+    class Two(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with airstream.stream("hand_small_team"):
+                a = torch.ops.airstream_test.probe(x.sin(), "side")
+            return a + x.cos()
+
+    model, x = Two(), torch.randn(8)
+    compiled = torch.compile(model, backend=airstream.get_backend())
+    assert_same(compiled(x), model(x))
+    before = torch.get_num_threads()
+    expected = model(x)
+    torch.set_num_threads(1)  # a team of one: two streams need two threads
+    try:
+        probe_ops.SEEN.clear()
+        assert_same(compiled(x), expected)
+    finally:
+        torch.set_num_threads(before)
+    assert [thread for tag, thread, _ in probe_ops.SEEN] == ["airstream-stream-hand_small_team"]
+    probe_ops.SEEN.clear()

@@ -64,15 +64,24 @@ def _two_stream_model() -> tuple[torch.nn.Module, torch.Tensor]:
     return Two(), torch.randn(8, 8)
 
 
-@pytest.mark.parametrize(("release", "spins_long"), [(True, True), (False, True), (True, False)])
+@pytest.mark.parametrize(
+    ("release", "spins_long", "team"),
+    [(True, True, False), (False, True, False), (True, False, False), (True, True, True)],
+)
 def test_a_multi_stream_call_releases_idle_threads_where_they_spin_long(
-    release: bool, spins_long: bool, monkeypatch: pytest.MonkeyPatch
+    release: bool, spins_long: bool, team: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Worker threads need the cores the caller's spinning team holds; a call that runs its
+    streams on that team (the default on GNU OpenMP) has nothing to release."""
     import dataclasses
 
     from airstream import backend as backend_module
     from airstream.runtime import cpu
 
+    if team and cpu.team_runner() is None:
+        pytest.skip("no OpenMP team here (torch is not on GNU OpenMP, or no extension)")
+    if not team:
+        monkeypatch.setattr(cpu, "team_runner", lambda: None)
     calls: list[int] = []
     monkeypatch.setattr(cpu, "release_idle_threads", lambda: calls.append(1))
     policy = dataclasses.replace(openmp.openmp(), spins_long=spins_long)
@@ -86,7 +95,8 @@ def test_a_multi_stream_call_releases_idle_threads_where_they_spin_long(
         assert_same(compiled(x), model(x))
     plan = backend.graphs[-1].plan
     assert [str(s.label) for s in plan.streams if s.runs] == ["None", "side"]
-    assert len(calls) == (3 if release and spins_long else 0)
+    assert backend.graphs[-1].executor.side_threads == ("openmp team" if team else "workers")
+    assert len(calls) == (3 if release and spins_long and not team else 0)
 
 
 def test_a_single_stream_call_never_releases(monkeypatch: pytest.MonkeyPatch) -> None:

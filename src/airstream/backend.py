@@ -198,6 +198,7 @@ class GraphCompiler:
             streams.threads_per_stream,
             # released only where they spin long: after a short spin, the release costs more
             release_openmp_threads=streams.release_openmp_threads and openmp().spins_long,
+            openmp_team=streams.openmp_team,
         )
 
 

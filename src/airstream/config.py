@@ -142,6 +142,13 @@ class StreamConfig(OptionGroup):
             "where the policy in force lets them spin long (they take the cores the streams need "
             "after the caller's own torch work; see `airstream doctor`)",
         ),
+        "openmp_team": Option(
+            True,
+            boolean,
+            "run CPU side streams on the calling thread's own OpenMP team (one thread per stream, "
+            "no handoff to a sleeping thread) where torch runs on GNU OpenMP and "
+            "threads_per_stream is 1; False: a worker thread per side stream",
+        ),
     }
 
 

@@ -25,7 +25,7 @@ import torch
 from airstream import torch_internals
 from airstream.bench.calibrate import costs_lines, costs_report
 from airstream.openmp import OPENMP_VARIABLES, openmp, release_costs
-from airstream.runtime.handoff import flag_type
+from airstream.runtime.handoff import describe as describe_handoff
 
 __all__ = ["Part", "Report", "collect", "format_report"]
 
@@ -125,15 +125,12 @@ def _cpu() -> dict[str, Any]:
             if version
             else "not used"
         ),
-        "handoff": (
-            "spinning flags (runtime/handoff.py's C extension)"
-            if flag_type() is not None
-            else "locks (the handoff extension is unavailable or AIRSTREAM_HANDOFF=locks)"
-        ),
+        "handoff": describe_handoff(),
         "openmp_default_wait": omp.idle,
         "openmp_policy": omp.policy,
         "openmp_release": (
-            "before each multi-stream call, airstream releases the caller's idle OpenMP threads"
+            "before each multi-stream call on worker threads, airstream releases the caller's "
+            "idle OpenMP threads"
             if omp.can_release and omp.spins_long
             else "not needed: idle threads spin briefly"
             if omp.can_release
@@ -161,7 +158,7 @@ def _cuda() -> Part:
             False,
             f"none: this is torch's {_torch_build()}",
             needed,
-            "compiled graphs run on CPU (a worker thread per stream)",
+            "compiled graphs run on CPU (a thread per stream)",
             install,
         )
     if not torch.cuda.is_available():
@@ -170,7 +167,7 @@ def _cuda() -> Part:
             False,
             f"{_torch_build()}, but no GPU is visible",
             needed,
-            "compiled graphs run on CPU (a worker thread per stream)",
+            "compiled graphs run on CPU (a thread per stream)",
             "check the NVIDIA driver (nvidia-smi) and CUDA_VISIBLE_DEVICES",
         )
     devices = ", ".join(

@@ -4,11 +4,26 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 
 __all__ = ["run_bench"]
 
 
 _ON_DEVICE = ("moe", "decode", "branches-pointwise")
+
+
+def _models(bench: str, given: str | None, known: Sequence[str]) -> tuple[str, ...] | None:
+    """The models ``--models`` names (all of ``known`` if none); ``None``, after saying why on
+    stderr, if it names one ``bench`` does not have."""
+    chosen = tuple(given.split(",")) if given else tuple(known)
+    unknown = [m for m in chosen if m not in known]
+    if unknown:
+        print(
+            f"airstream bench {bench}: unknown model(s) {unknown}; choose from {', '.join(known)}",
+            file=sys.stderr,
+        )
+        return None
+    return chosen
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -93,14 +108,8 @@ def run_bench(args: argparse.Namespace) -> int:
     elif args.name == "serving-loop":
         from airstream.bench.serving import SERVING_MODELS, format_serving, run_serving
 
-        chosen = tuple(args.models.split(",")) if args.models else SERVING_MODELS
-        unknown = [m for m in chosen if m not in SERVING_MODELS]
-        if unknown:
-            print(
-                f"airstream bench serving-loop: unknown model(s) {unknown}; choose from "
-                f"{', '.join(SERVING_MODELS)}",
-                file=sys.stderr,
-            )
+        chosen = _models("serving-loop", args.models, SERVING_MODELS)
+        if chosen is None:
             return 2
         report = run_serving(
             chosen,
@@ -113,14 +122,8 @@ def run_bench(args: argparse.Namespace) -> int:
     elif args.name == "decode":
         from airstream.bench.decode import DECODE_MODELS, format_decode, run_decode
 
-        models = tuple(args.models.split(",")) if args.models else tuple(DECODE_MODELS)
-        unknown = [m for m in models if m not in DECODE_MODELS]
-        if unknown:
-            print(
-                f"airstream bench decode: unknown model(s) {unknown}; choose from "
-                f"{', '.join(DECODE_MODELS)}",
-                file=sys.stderr,
-            )
+        models = _models("decode", args.models, tuple(DECODE_MODELS))
+        if models is None:
             return 2
         report = run_decode(
             models,

@@ -10,10 +10,11 @@ aten graph are timed interleaved (medians):
 - ``aot_eager torch.compile``: PyTorch's own AOTAutograd backend, for the fixed per-call cost that
   any AOTAutograd backend pays.
 
-It also measures what one side stream costs a call (handoff to the worker, events, join): a
-two-op graph with one op on a side stream, against the same graph on one stream, and next to it
-the floor for this machine: the same two ops with a hand-written handoff (a queue to a waiting
-thread and a lock back), no compiler involved.
+It also measures what one side stream costs a call (handoff, events, join), at the process's
+intra-op threads: a two-op graph with one op on a side stream, on the caller's OpenMP team (the
+default where it can) and on a worker thread, against the same graph on one stream, and next to
+it the floor for this machine: the same two ops with a hand-written handoff (a queue to a
+waiting thread and a lock back), no compiler involved.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from airstream.backend import get_backend
 from airstream.bench.timing import interleaved_medians, run_conditions
+from airstream.config import CompilerConfig
+from airstream.runtime.handoff import describe as describe_handoff
 
 __all__ = ["run_overhead"]
 
@@ -42,13 +45,16 @@ def _chain(ops: int) -> Any:
 
 
 def run_overhead(ops: int = 200, rounds: int = 15, calls: int = 100) -> dict[str, Any]:
-    """Time the runners on a chain of ``ops`` adds; return per-op figures and ratios."""
+    """Time the runners on a chain of ``ops`` adds; return per-op figures and ratios. The side
+    stream's cost is measured at the process's intra-op threads, as a model runs."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _measure(ops, rounds, calls)
+        report = _measure(ops, rounds, calls)
     finally:
         torch.set_num_threads(threads)
+    report["side_stream"] = _side_stream_cost(rounds, calls)
+    return report
 
 
 def _measure(ops: int, rounds: int, calls: int) -> dict[str, Any]:
@@ -76,9 +82,7 @@ def _measure(ops: int, rounds: int, calls: int) -> dict[str, Any]:
         calls_per_round=calls,
     )
     base = medians["fx.GraphModule"]
-    side = _side_stream_cost(rounds, calls)
     return {
-        "side_stream": side,
         # The per-call "is anyone profiling?" check, timed on its own: an unprofiled call pays it
         # once, so an op pays at most this (a one-op graph), and this / ops in the chain.
         "us_profiler_check_per_call": _profiler_check_cost(),
@@ -112,7 +116,10 @@ def _profiler_check_cost(repeat: int = 200_000) -> float:
     return statistics.median(samples)
 
 
-def _side_stream_cost(rounds: int, calls: int) -> dict[str, float]:
+def _side_stream_cost(rounds: int, calls: int) -> dict[str, Any]:
+    """One side stream against one stream: the default runtime (the caller's OpenMP team where
+    it can) and worker threads (``stream_config.openmp_team = False``), beside the floor of a
+    hand-written thread handoff."""
     from airstream.ops.stream import stream
 
     def two_ops(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,9 +131,13 @@ def _side_stream_cost(rounds: int, calls: int) -> dict[str, float]:
         return x + 1, x * 2
 
     x = torch.randn(16)
+    workers_config = CompilerConfig()
+    workers_config.stream_config.openmp_team = False
     side = torch.compile(two_ops, backend=get_backend(), dynamic=False)
+    workers = torch.compile(two_ops, backend=get_backend(workers_config), dynamic=False)
     main = torch.compile(one_stream, backend=get_backend(), dynamic=False)
     torch.testing.assert_close(side(x), main(x))
+    torch.testing.assert_close(workers(x), main(x))
     jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
     def worker() -> None:
@@ -157,7 +168,12 @@ def _side_stream_cost(rounds: int, calls: int) -> dict[str, float]:
 
     try:
         medians = interleaved_medians(
-            {"side": lambda: side(x), "main": lambda: main(x), "by_hand": by_hand},
+            {
+                "side": lambda: side(x),
+                "workers": lambda: workers(x),
+                "main": lambda: main(x),
+                "by_hand": by_hand,
+            },
             rounds=rounds,
             calls_per_round=calls * 10,
         )
@@ -165,9 +181,13 @@ def _side_stream_cost(rounds: int, calls: int) -> dict[str, float]:
         jobs.put(None)
         thread.join()
     return {
+        "side_threads": describe_handoff(),
+        "intra_op_threads": float(torch.get_num_threads()),
         "us_per_call_one_side_stream": medians["side"] * 1e6,
+        "us_per_call_one_side_stream_workers": medians["workers"] * 1e6,
         "us_per_call_single_stream": medians["main"] * 1e6,
         "us_side_stream_cost": (medians["side"] - medians["main"]) * 1e6,
+        "us_side_stream_cost_workers": (medians["workers"] - medians["main"]) * 1e6,
         "us_hand_written_handoff_call": medians["by_hand"] * 1e6,
     }
 
@@ -192,9 +212,13 @@ def format_overhead(report: dict[str, Any]) -> str:
     )
     side = report["side_stream"]
     lines.append(
-        f"one side stream: {side['us_per_call_one_side_stream']:.1f} us/call vs "
+        f"one side stream ({side['intra_op_threads']:.0f} intra-op threads; side streams run "
+        f"{side['side_threads']}): {side['us_per_call_one_side_stream']:.1f} us/call vs "
         f"{side['us_per_call_single_stream']:.1f} us/call on one stream: "
         f"{side['us_side_stream_cost']:.1f} us per call for the handoff and join\n"
+        f"on worker threads (stream_config.openmp_team = False): "
+        f"{side['us_per_call_one_side_stream_workers']:.1f} us/call, "
+        f"{side['us_side_stream_cost_workers']:.1f} us per call\n"
         f"floor on this machine: the same two ops with a hand-written thread handoff take "
         f"{side['us_hand_written_handoff_call']:.1f} us/call (no compiler, no Dynamo guards)"
     )

@@ -9,12 +9,14 @@ two ways, runners interleaved, medians:
 - ``loop``: every call preceded by one step of eager sampling work (a vocabulary projection,
   softmax, top-k, cumulative sum) on torch's default intra-op threads.
 
-Runners: ``eager``; ``1 stream`` (airstream, nothing on a side stream); ``streams`` (the model's
-stream pass, ``stream_config.release_openmp_threads`` on: the fix, which acts where the OpenMP
-policy in force spins long, the default) and ``streams, no release`` (the same pass with it off:
-the runtime before the fix). The report names the policy in force; run it again under
-``GOMP_SPINCOUNT=10000`` (what ``airstream run`` sets) for the launch-time fix. ``call`` is the
-model call alone; ``iteration`` is the sampling step plus the call, and ``work`` the sampling
+Runners: ``eager``; ``1 stream`` (airstream, nothing on a side stream); then the model's stream
+pass three ways: ``streams`` (the default: side streams on the caller's OpenMP team where it can,
+``stream_config.openmp_team``), ``streams, workers`` (a worker thread per side stream, the
+caller's idle team released first where the OpenMP policy in force spins long,
+``stream_config.release_openmp_threads``) and ``streams, no release`` (workers without the
+release: the runtime before either fix). The report names the policy in force; run it again
+under ``GOMP_SPINCOUNT=10000`` (what ``airstream run`` sets) for the launch-time fix. ``call``
+is the model call alone; ``iteration`` is the sampling step plus the call, and ``work`` the sampling
 step alone, after that runner's previous call: what the fix costs the eager work (OpenMP's
 threads started again) shows there. Models:
 
@@ -42,6 +44,7 @@ from airstream.bench.timing import run_conditions
 from airstream.config import CompilerConfig
 from airstream.openmp import openmp
 from airstream.passes.auto import auto_streams
+from airstream.runtime.handoff import describe as describe_handoff
 
 __all__ = ["SERVING_MODELS", "Heads", "format_serving", "run_serving"]
 
@@ -81,9 +84,18 @@ class _Sampler:
         return index.gather(-1, torch.argmax(top * keep, dim=-1, keepdim=True))
 
 
-def _backend(graph_pass: Any, release: bool = True) -> Any:
+# Runner -> (openmp_team, release_openmp_threads) for the model's stream pass.
+_STREAM_RUNNERS = {
+    "streams": (True, True),
+    "streams, workers": (False, True),
+    "streams, no release": (False, False),
+}
+
+
+def _backend(graph_pass: Any, team: bool = True, release: bool = True) -> Any:
     config = CompilerConfig()
     config.post_grad_custom_pre_pass = graph_pass
+    config.stream_config.openmp_team = team
     config.stream_config.release_openmp_threads = release
     return get_backend(config)
 
@@ -105,20 +117,18 @@ def _runners(name: str, batch: int, hidden: int) -> dict[str, Callable[[], Any]]
         model, shared = build_model("qwen2-moe")
         assert shared is not None  # qwen2-moe has a shared expert
         graph_pass = shared_expert_overlap(shared=shared)
-        backends: dict[str, Any] = {
-            "eager": None,
-            "1 stream": _backend(None),
-            "streams": _backend(graph_pass),
-            "streams, no release": _backend(graph_pass, release=False),
-        }
+        backends: dict[str, Any] = {"eager": None, "1 stream": _backend(None)}
+        backends.update({r: _backend(graph_pass, *how) for r, how in _STREAM_RUNNERS.items()})
         calls = {r: decode_step(model, b, batch, 32, 40)[0] for r, b in backends.items()}
     else:
         model, x, graph_pass = _tensor_model(name, batch, hidden)
-        compiled = {
-            "1 stream": torch.compile(model, backend=_backend(None)),
-            "streams": torch.compile(model, backend=_backend(graph_pass)),
-            "streams, no release": torch.compile(model, backend=_backend(graph_pass, False)),
-        }
+        compiled = {"1 stream": torch.compile(model, backend=_backend(None))}
+        compiled.update(
+            {
+                r: torch.compile(model, backend=_backend(graph_pass, *how))
+                for r, how in _STREAM_RUNNERS.items()
+            }
+        )
         calls = {"eager": lambda: model(x)}
         calls.update({r: functools.partial(fn, x) for r, fn in compiled.items()})
     with torch.no_grad():
@@ -183,6 +193,7 @@ def run_serving(
         "intra_op_threads": torch.get_num_threads(),
         "openmp_policy": openmp().policy,
         "release_acts": openmp().spins_long,
+        "side_threads": describe_handoff(),
         "batch": batch,
         "hidden": hidden,
         "models": {},
@@ -208,6 +219,7 @@ def format_serving(report: dict[str, Any]) -> str:
         f"{report['intra_op_threads']} intra-op threads for eager work",
         f"  OpenMP: {report['openmp_policy']}; release "
         + ("acts" if report["release_acts"] else "is skipped (the spin is short)"),
+        f"  side streams: {report['side_threads']}",
         "  loop: each call after one eager sampling step (work: that step's time); "
         "x: 1 stream's call time / this one's",
     ]

@@ -23,8 +23,8 @@ exception, with a note naming the node and the stream. The next call starts clea
 
 from __future__ import annotations
 
-import _thread
 import operator
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,6 +33,7 @@ import torch.fx
 
 from airstream.effects import data_inputs
 from airstream.openmp import release_idle_threads
+from airstream.runtime import events as ev
 from airstream.runtime.codegen import (
     Builder,
     GeneratedCode,
@@ -42,8 +43,9 @@ from airstream.runtime.codegen import (
     generate,
     inputs_read,
 )
-from airstream.runtime.handoff import SPIN_NS, flag_type
-from airstream.runtime.trace import CallTrace, StreamTrace, now_ns, tracing_wanted
+from airstream.runtime.events import Aborted, CallState, Events
+from airstream.runtime.handoff import flag_type, team_runner
+from airstream.runtime.trace import CallTrace, tracing_wanted
 from airstream.runtime.workers import StreamWorker, submit_all, worker_for
 from airstream.schedule.plan import Record, StreamPlan, StreamSteps
 from airstream.torch_internals import set_grad_enabled
@@ -51,121 +53,12 @@ from airstream.torch_internals import set_grad_enabled
 __all__ = ["CpuExecutor"]
 
 
-class _Aborted(Exception):
-    """Raised inside a stream that wakes up to a call another stream already failed."""
-
-
-# Events are plain locks, created held: record releases, wait acquires and releases again (so
-# every waiter passes). A lock costs a tenth of a threading.Event to make and to signal.
-_new_lock = _thread.allocate_lock
-
-
-def _new_event() -> Any:
-    lock = _new_lock()
-    lock.acquire()
-    return lock
-
-
-def _set(lock: Any) -> None:
-    try:
-        lock.release()
-    except RuntimeError:  # already set (the call was failed and every event released)
-        pass
-
-
-class _Events:
-    """How a call's events are made, set and waited for: spinning flags, or locks created held
-    (record releases, wait acquires and releases again, so every waiter passes)."""
-
-    def __init__(self, flag: Any) -> None:
-        self.flag = flag
-
-    def new(self) -> Any:
-        return self.flag() if self.flag is not None else _new_event()
-
-    def set(self, event: Any) -> None:
-        if self.flag is not None:
-            event.set()
-        else:
-            _set(event)
-
-    def wait(self, event: Any) -> None:
-        if self.flag is not None:
-            event.wait(SPIN_NS)
-        else:
-            event.acquire()
-            _set(event)
-
-
-class _CallState:
-    __slots__ = ("error", "events", "failed", "guard", "kind", "where")
-
-    def __init__(self, events: list[Any], kind: _Events) -> None:
-        self.failed = False
-        self.error: BaseException | None = None
-        self.where = ""
-        self.events = events
-        self.kind = kind
-        self.guard = _new_lock()
-
-    def fail(self, error: BaseException, where: str) -> None:
-        with self.guard:
-            if not self.failed:
-                self.failed, self.error, self.where = True, error, where
-        for event in self.events:  # wake every stream of this call
-            self.kind.set(event)
-
-
-def _record(events: list[Any], index: int) -> None:
-    events[index].release()
-
-
-def _wait(events: list[Any], index: int, state: _CallState) -> None:
-    lock = events[index]
-    lock.acquire()
-    _set(lock)
-    if state.failed:
-        raise _Aborted
-
-
-def _record_traced(events: list[Any], index: int, trace: StreamTrace) -> None:
-    start = now_ns()
-    events[index].release()
-    trace.sync("record", index, start)
-
-
-def _wait_traced(events: list[Any], index: int, state: _CallState, trace: StreamTrace) -> None:
-    start = now_ns()
-    lock = events[index]
-    lock.acquire()
-    _set(lock)
-    trace.sync("wait", index, start)
-    if state.failed:
-        raise _Aborted
-
-
-def _record_flag(events: list[Any], index: int) -> None:
-    events[index].set()
-
-
-def _wait_flag(events: list[Any], index: int, state: _CallState) -> None:
-    events[index].wait(SPIN_NS)
-    if state.failed:
-        raise _Aborted
-
-
-def _record_flag_traced(events: list[Any], index: int, trace: StreamTrace) -> None:
-    start = now_ns()
-    events[index].set()
-    trace.sync("record", index, start)
-
-
-def _wait_flag_traced(events: list[Any], index: int, state: _CallState, trace: StreamTrace) -> None:
-    start = now_ns()
-    events[index].wait(SPIN_NS)
-    trace.sync("wait", index, start)
-    if state.failed:
-        raise _Aborted
+def _name_team_thread() -> None:
+    """Give the OpenMP team thread running a side stream a name traces can show (Python calls a
+    thread it did not start ``Dummy-N``)."""
+    thread = threading.current_thread()
+    if thread.name.startswith("Dummy-"):
+        thread.name = f"openmp-team-{thread.native_id}"
 
 
 def _take(slots: list[Any], index: int) -> Any:
@@ -208,17 +101,19 @@ class _StreamHooks(Hooks):
         trace = b.trace(label)
         events = b.params["events"]
         if trace is None:
-            b.call(_record_flag if self.flags else _record, events, event)
+            b.call(ev.record_flag if self.flags else ev.record, events, event)
         else:
-            b.call(_record_flag_traced if self.flags else _record_traced, events, event, trace)
+            b.call(ev.record_flag_traced if self.flags else ev.record_traced, events, event, trace)
 
     def wait(self, b: Builder, label: Label, event: int) -> None:
         trace = b.trace(label)
         events, state = b.params["events"], b.params["state"]
         if trace is None:
-            b.call(_wait_flag if self.flags else _wait, events, event, state)
+            b.call(ev.wait_flag if self.flags else ev.wait, events, event, state)
         else:
-            b.call(_wait_flag_traced if self.flags else _wait_traced, events, event, state, trace)
+            b.call(
+                ev.wait_flag_traced if self.flags else ev.wait_traced, events, event, state, trace
+            )
 
     def fetch(self, b: Builder, node: torch.fx.Node, label: Label) -> torch.fx.Node:
         return b.call(_take, b.params["slots"], self.handover.slot[(node, label)])
@@ -281,7 +176,8 @@ class _Stream:
 
 
 class CpuExecutor:
-    """Boxed callable running a StreamPlan with one worker thread per side stream."""
+    """Boxed callable running a StreamPlan: side streams on the caller's OpenMP team where it
+    can, else one worker thread per side stream."""
 
     def __init__(
         self,
@@ -290,13 +186,18 @@ class CpuExecutor:
         threads_per_stream: int,
         *,
         release_openmp_threads: bool = True,
+        openmp_team: bool = True,
     ) -> None:
         self._boxed_call = True  # instance attribute: survives functools.wraps (see serial.py)
         self.plan = plan
         self.threads_per_stream = threads_per_stream
         self.release_openmp_threads = release_openmp_threads
-        self._events = _Events(flag_type())
+        self._events = Events(flag_type())
         flags = self._events.flag is not None
+        # One thread per stream on the caller's OpenMP team, where streams run one intra-op
+        # thread each (inside a parallel region every torch op runs on its one thread).
+        wanted = openmp_team and flags and threads_per_stream == 1
+        team = team_runner() if wanted else None
         handover = _Handover(gm, plan)
         self._num_slots = len(handover.slot)
         self._num_events = max((s.event for s in plan.syncs), default=-1) + 1
@@ -306,6 +207,7 @@ class CpuExecutor:
             for s in plan.side_streams
             if s.runs
         )
+        self._team = team if self.sides else None
 
     @property
     def code(self) -> str:
@@ -314,34 +216,44 @@ class CpuExecutor:
         parts += [f"# stream {s.label}\n{s.code.module.code.strip()}" for _, s in self.sides]
         return "\n\n".join(parts)
 
+    @property
+    def side_threads(self) -> str:
+        """Where side streams run: ``"openmp team"`` (the caller's OpenMP team, where a call can
+        form one) or ``"workers"`` (a worker thread per stream)."""
+        return "openmp team" if self._team is not None else "workers"
+
     def _job(
         self,
         code: GeneratedCode,
         inputs: list[Any],
         slots: list[Any],
-        state: _CallState,
+        state: CallState,
         done: Any,
         grad: bool,
         trace: CallTrace | None,
         final: Any,
+        threads: int | None,
     ) -> Callable[[], Any]:
         """The side stream's job for one call; it returns ``final`` (the event of its last
-        record, left out of its code) for its worker to set after letting go of the GIL."""
-        threads = self.threads_per_stream
+        record, left out of its code) for its thread to set after letting go of the GIL.
+        ``threads``: the intra-op threads to run with (``None`` inside a parallel region, where
+        every torch op runs on its one thread)."""
         kind = self._events
 
         def job() -> Any:
             try:
-                if torch.get_num_threads() != threads:
+                if threads is not None and torch.get_num_threads() != threads:
                     torch.set_num_threads(threads)
                 set_grad_enabled(grad)  # grad mode is per thread: follow the caller
                 if trace is None:
                     code.fn(inputs, slots, state.events, state)
                 else:
+                    if threads is None:
+                        _name_team_thread()
                     code.fn(
                         inputs, slots, state.events, state, {code.label: trace.stream(code.label)}
                     )
-            except _Aborted:
+            except Aborted:
                 pass
             except BaseException as error:  # handed to the caller
                 state.fail(error, code.locate(error))
@@ -356,44 +268,67 @@ class CpuExecutor:
         main = self.main.code if trace is None else self.main.traced.get()
         kind = self._events
         events = [kind.new() for _ in range(self._num_events)]
-        state = _CallState(events, kind)
+        state = CallState(events, kind)
         slots: list[Any] = [None] * self._num_slots
         grad = torch.is_grad_enabled()
         done = [kind.new() for _ in self.sides]
-        jobs = []
-        for i, (worker, stream) in enumerate(self.sides):
+        sides = []
+        for worker, stream in self.sides:
             code = stream.code if trace is None else stream.traced.get()
             final = None
             if trace is None and stream.final_event is not None:
                 final = events[stream.final_event]
-            job = self._job(code, stream.pick(args), slots, state, done[i], grad, trace, final)
-            jobs.append((worker, job))
+            sides.append((worker, code, stream.pick(args), final))
         main_inputs = self.main.pick(args)
         args.clear()  # the boxed convention: every input now lives only where it is read
-        if self.release_openmp_threads:
-            # The caller's own torch work leaves its OpenMP team spinning on the cores the side
-            # streams are about to need (see airstream.openmp).
-            release_idle_threads()
-        submit_all(jobs)
-        del jobs
-        # The caller is the main stream's worker: it too runs with threads_per_stream intra-op
-        # threads during the call (oversubscribing the cores costs more than streams gain).
+
+        def run_main() -> Any:
+            try:
+                if trace is None:
+                    return main.fn(main_inputs, slots, events, state)
+                return main.fn(main_inputs, slots, events, state, {None: trace.stream(None)})
+            except Aborted:
+                return None
+            except BaseException as error:
+                state.fail(error, main.locate(error))
+                return None
+
+        def jobs(threads: int | None) -> list[Callable[[], Any]]:
+            return [
+                self._job(code, inputs, slots, state, done[i], grad, trace, final, threads)
+                for i, (_, code, inputs, final) in enumerate(sides)
+            ]
+
         caller_threads = torch.get_num_threads()
-        if caller_threads != self.threads_per_stream:
-            torch.set_num_threads(self.threads_per_stream)
-        try:
-            if trace is None:
-                result = main.fn(main_inputs, slots, events, state)
-            else:
-                result = main.fn(main_inputs, slots, events, state, {None: trace.stream(None)})
-        except _Aborted:
-            result = None
-        except BaseException as error:
-            state.fail(error, main.locate(error))
-            result = None
-        finally:
+        ran = None
+        # A team no larger than the one the caller's own torch ops use: a larger one would
+        # leave OpenMP managing more threads than it has cores, which throttles its spinning
+        # for every later parallel op of the process.
+        if self._team is not None and caller_threads > len(sides):
+            ran = self._team((run_main, *jobs(None)))
+        if ran is not None:
+            result = ran[0]
+        else:
+            if self.release_openmp_threads:
+                # The caller's own torch work leaves its OpenMP team spinning on the cores the
+                # side streams are about to need (see airstream.openmp).
+                release_idle_threads()
+            submit_all(
+                [
+                    (worker, job)
+                    for (worker, *_), job in zip(sides, jobs(self.threads_per_stream), strict=True)
+                ]
+            )
+            # The caller is the main stream's worker: it too runs with threads_per_stream
+            # intra-op threads during the call (oversubscribing the cores costs more than
+            # streams gain).
             if caller_threads != self.threads_per_stream:
-                torch.set_num_threads(caller_threads)
+                torch.set_num_threads(self.threads_per_stream)
+            try:
+                result = run_main()
+            finally:
+                if caller_threads != self.threads_per_stream:
+                    torch.set_num_threads(caller_threads)
         if state.failed or trace is not None:
             # Failed: the join was skipped or poisoned. Traced: the trace must be complete.
             # Either way, let every side stream of this call finish first.

@@ -7,10 +7,17 @@ about to be handed work finds it at once), then sleeps on a condition variable. 
 then)`` sets ``then`` after releasing the GIL, so a worker can signal the end of its job at the
 moment the caller can take the GIL without waiting for it.
 
-The extension (plain C against Python's headers, no torch) is compiled once per Python build
-into airstream's cache directory with the C compiler Python was built with. Where that fails,
+:func:`team_runner` goes further where torch runs on GNU OpenMP: the call's streams run on the
+caller's own OpenMP team, one stream per thread, in one parallel region. Those are the threads
+torch's own parallel ops just used, still spinning for the next region: no thread is woken and
+none competes with them for a core. A team thread keeps a Python thread state for its lifetime.
+
+The extension (``handoff.c``: C against Python's headers, no torch; OpenMP's entry points are
+found at run time in the library torch loaded) is compiled once per Python build into
+airstream's cache directory with the C compiler Python was built with. Where that fails,
 :func:`flag_type` returns ``None`` once with a warning and the runtime keeps its lock handoff.
-``AIRSTREAM_HANDOFF=locks`` chooses the lock handoff.
+``AIRSTREAM_HANDOFF=threads`` keeps side streams on worker threads with flags,
+``AIRSTREAM_HANDOFF=locks`` on worker threads with locks.
 """
 
 from __future__ import annotations
@@ -26,180 +33,19 @@ import sys
 import sysconfig
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SPIN_NS", "flag_type"]
+from airstream.openmp import openmp
+
+__all__ = ["SPIN_NS", "TeamRunner", "describe", "flag_type", "team_runner"]
 
 # How long a waiter spins before it sleeps: longer than a handoff takes when both threads are
 # running, short enough that an idle worker gives its core back to the caller's own torch work.
 SPIN_NS = 50_000
 
-_SOURCE = r"""
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <errno.h>
-#include <pthread.h>
-#include <stdatomic.h>
-#include <time.h>
-
-typedef struct {
-    PyObject_HEAD
-    atomic_int state;
-    atomic_int sleepers;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-} Flag;
-
-static inline void relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
-static inline long long now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static int Flag_init(Flag *self, PyObject *args, PyObject *kw) {
-    atomic_store(&self->state, 0);
-    atomic_store(&self->sleepers, 0);
-    pthread_mutex_init(&self->mu, NULL);
-    pthread_cond_init(&self->cv, NULL);
-    return 0;
-}
-
-static void Flag_dealloc(Flag *self) {
-    pthread_mutex_destroy(&self->mu);
-    pthread_cond_destroy(&self->cv);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static void flag_set(Flag *self) {
-    atomic_store(&self->state, 1);
-    if (atomic_load(&self->sleepers)) {
-        pthread_mutex_lock(&self->mu);
-        pthread_cond_broadcast(&self->cv);
-        pthread_mutex_unlock(&self->mu);
-    }
-}
-
-static PyObject *Flag_set(Flag *self, PyObject *unused) {
-    flag_set(self);
-    Py_RETURN_NONE;
-}
-
-static PyObject *Flag_clear(Flag *self, PyObject *unused) {
-    atomic_store(&self->state, 0);
-    Py_RETURN_NONE;
-}
-
-static PyObject *Flag_is_set(Flag *self, PyObject *unused) {
-    return PyBool_FromLong(atomic_load(&self->state));
-}
-
-static PyTypeObject FlagType;
-
-static PyObject *Flag_wait(Flag *self, PyObject *args) {
-    long long spin_ns = 0;
-    PyObject *then = Py_None;
-    if (!PyArg_ParseTuple(args, "|LO", &spin_ns, &then)) return NULL;
-    if (then != Py_None && !PyObject_TypeCheck(then, &FlagType)) {
-        PyErr_SetString(PyExc_TypeError, "wait(spin_ns, then): then must be a Flag or None");
-        return NULL;
-    }
-    if (then == Py_None && atomic_load(&self->state)) Py_RETURN_NONE;
-    Py_INCREF(then);
-    PyThreadState *ts = PyEval_SaveThread();
-    if (then != Py_None) flag_set((Flag *)then);
-    if (!atomic_load(&self->state) && spin_ns > 0) {
-        long long deadline = now_ns() + spin_ns;
-        int n = 0;
-        while (!atomic_load(&self->state)) {
-            relax();
-            if (++n == 64) {
-                n = 0;
-                if (now_ns() > deadline) break;
-            }
-        }
-    }
-    int interrupted = 0;
-    if (!atomic_load(&self->state)) {
-        pthread_mutex_lock(&self->mu);
-        atomic_fetch_add(&self->sleepers, 1);
-        while (!atomic_load(&self->state)) {
-            /* Sleep in slices: between them, a signal (Ctrl-C) reaches the main thread as it
-               would in a lock's acquire. */
-            struct timespec until;
-            clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_nsec += 20000000L;
-            if (until.tv_nsec >= 1000000000L) {
-                until.tv_sec += 1;
-                until.tv_nsec -= 1000000000L;
-            }
-            if (pthread_cond_timedwait(&self->cv, &self->mu, &until) == ETIMEDOUT
-                && !atomic_load(&self->state)) {
-                pthread_mutex_unlock(&self->mu);
-                PyEval_RestoreThread(ts);
-                int failed = PyErr_CheckSignals() < 0;
-                ts = PyEval_SaveThread();
-                pthread_mutex_lock(&self->mu);
-                if (failed) {
-                    interrupted = 1;
-                    break;
-                }
-            }
-        }
-        atomic_fetch_sub(&self->sleepers, 1);
-        pthread_mutex_unlock(&self->mu);
-    }
-    PyEval_RestoreThread(ts);
-    Py_DECREF(then);
-    if (interrupted) return NULL;
-    Py_RETURN_NONE;
-}
-
-static PyMethodDef Flag_methods[] = {
-    {"set", (PyCFunction)Flag_set, METH_NOARGS, "Set the flag and wake every waiter."},
-    {"clear", (PyCFunction)Flag_clear, METH_NOARGS, "Clear the flag."},
-    {"is_set", (PyCFunction)Flag_is_set, METH_NOARGS, "Whether the flag is set."},
-    {"wait", (PyCFunction)Flag_wait, METH_VARARGS,
-     "wait(spin_ns=0, then=None): without the GIL, set `then`, spin up to spin_ns for this "
-     "flag, then sleep until it is set; a signal handler's exception (KeyboardInterrupt) "
-     "ends the wait."},
-    {NULL}
-};
-
-static PyTypeObject FlagType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "airstream_handoff.Flag",
-    .tp_basicsize = sizeof(Flag),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)Flag_init,
-    .tp_dealloc = (destructor)Flag_dealloc,
-    .tp_methods = Flag_methods,
-};
-
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "airstream_handoff", NULL, -1, NULL};
-
-PyMODINIT_FUNC PyInit_airstream_handoff(void) {
-    if (PyType_Ready(&FlagType) < 0) return NULL;
-    PyObject *m = PyModule_Create(&module);
-    if (!m) return NULL;
-    Py_INCREF(&FlagType);
-    if (PyModule_AddObject(m, "Flag", (PyObject *)&FlagType) < 0) {
-        Py_DECREF(&FlagType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
-}
-"""
+_SOURCE_FILE = Path(__file__).with_name("handoff.c")
 
 
 def _cache_dir() -> Path:
@@ -217,11 +63,11 @@ def _build(target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         source = Path(tmp) / "airstream_handoff.c"
-        source.write_text(_SOURCE)
+        source.write_text(_SOURCE_FILE.read_text())
         built = Path(tmp) / target.name
         command = [*compiler, "-O2", "-shared", "-fPIC", f"-I{include}", str(source)]
         done = subprocess.run(
-            [*command, "-o", str(built), "-lpthread"],
+            [*command, "-o", str(built), "-lpthread", "-ldl"],
             capture_output=True,
             text=True,
             timeout=120,
@@ -232,14 +78,18 @@ def _build(target: Path) -> None:
         os.replace(built, target)
 
 
+def _choice() -> str:
+    return os.environ.get("AIRSTREAM_HANDOFF", "").strip().lower()
+
+
 @functools.cache
-def flag_type() -> Any:
-    """The ``Flag`` class, building the extension on first use; ``None`` where it cannot be built
-    or ``AIRSTREAM_HANDOFF=locks`` is set (warned once)."""
-    if os.environ.get("AIRSTREAM_HANDOFF", "").strip().lower() == "locks":
+def _extension() -> Any:
+    """The extension module, built on first use; ``None`` where it cannot be built or
+    ``AIRSTREAM_HANDOFF=locks`` is set (warned once)."""
+    if _choice() == "locks":
         return None
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    key = hashlib.sha1((_SOURCE + sys.version).encode()).hexdigest()[:12]
+    key = hashlib.sha1((_SOURCE_FILE.read_text() + sys.version).encode()).hexdigest()[:12]
     target = _cache_dir() / "handoff" / key / f"airstream_handoff{suffix}"
     try:
         if not target.exists():
@@ -249,13 +99,53 @@ def flag_type() -> Any:
         assert spec is not None
         module = importlib.util.module_from_spec(spec)
         loader.exec_module(module)
-        return module.Flag
+        return module
     except (OSError, ImportError, subprocess.SubprocessError) as error:
         warnings.warn(
             f"airstream: the CPU runtime's spinning handoff is unavailable ({error}); side "
             "streams hand off with locks (tens of microseconds more per call). It needs the C "
             "compiler Python was built with and Python's headers (python3-dev).",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
         return None
+
+
+def flag_type() -> Any:
+    """The ``Flag`` class, building the extension on first use; ``None`` where it cannot be built
+    or ``AIRSTREAM_HANDOFF=locks`` is set (warned once)."""
+    module = _extension()
+    return None if module is None else module.Flag
+
+
+TeamRunner = Callable[[tuple[Callable[[], Any], ...]], "tuple[Any] | None"]
+
+
+@functools.cache
+def team_runner() -> TeamRunner | None:
+    """``run_team(fns)``: call ``fns[0]`` on the calling thread and ``fns[i]`` on thread ``i`` of
+    its OpenMP team, all at once; ``(fns[0]'s result,)``, or ``None`` (nothing ran) where no team
+    of ``len(fns)`` threads could be formed (inside a parallel region, a capped team).
+
+    Available where torch runs on GNU OpenMP, whose entry points the extension binds to in the
+    library torch loaded, and the extension is built; ``None`` otherwise, and where
+    ``AIRSTREAM_HANDOFF`` is ``threads`` or ``locks``."""
+    if _choice() in ("threads", "locks"):
+        return None
+    info = openmp()
+    module = _extension()
+    if module is None or info.runtime != "GNU OpenMP" or info.library is None:
+        return None
+    return module.run_team if module.bind(info.library) else None
+
+
+def describe() -> str:
+    """How side streams are handed their work in this process, in words."""
+    if team_runner() is not None:
+        return (
+            "on the caller's OpenMP team where streams run 1 intra-op thread each (the "
+            "default), else on worker threads with spinning flags"
+        )
+    if flag_type() is not None:
+        return "on worker threads with spinning flags (no OpenMP team: not GNU OpenMP, or chosen)"
+    return "on worker threads with locks (the handoff extension is unavailable, or chosen)"
