@@ -110,12 +110,12 @@ def test_tp_report_structure() -> None:
     assert "vs 1 stream" in format_tp(report)
 
 
-def test_bench_decode_checks_every_runner_and_reports_tokens_per_second(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from airstream.bench import decode
-
-    tiny = {
+# A Qwen2-MoE decode model small enough for a test: (config class, model class, config, the
+# shared expert's module name pattern), as bench decode's DECODE_MODELS holds it.
+_TINY_QWEN2_MOE = (
+    "Qwen2MoeConfig",
+    "Qwen2MoeForCausalLM",
+    {
         "vocab_size": 64,
         "hidden_size": 32,
         "intermediate_size": 64,
@@ -126,8 +126,17 @@ def test_bench_decode_checks_every_runner_and_reports_tokens_per_second(
         "shared_expert_intermediate_size": 32,
         "num_experts": 4,
         "num_experts_per_tok": 2,
-    }
-    models = {"qwen2-moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", tiny, r"shared_expert\b")}
+    },
+    r"shared_expert\b",
+)
+
+
+def test_bench_decode_checks_every_runner_and_reports_tokens_per_second(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from airstream.bench import decode
+
+    models = {"qwen2-moe": _TINY_QWEN2_MOE}
     monkeypatch.setattr(decode, "DECODE_MODELS", models)
     report = decode.run_decode(("qwen2-moe",), batch=2, prompt=4, rounds=1, calls=1)
     runners = report["models"]["qwen2-moe"]
@@ -150,19 +159,7 @@ def test_bench_decode_checks_every_runner_and_reports_tokens_per_second(
 def test_serving_loop_report_structure(monkeypatch: pytest.MonkeyPatch) -> None:
     from airstream.bench import decode, serving
 
-    tiny = {
-        "vocab_size": 64,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "moe_intermediate_size": 16,
-        "shared_expert_intermediate_size": 32,
-        "num_experts": 4,
-        "num_experts_per_tok": 2,
-    }
-    models = {"qwen2-moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", tiny, r"shared_expert\b")}
+    models = {"qwen2-moe": _TINY_QWEN2_MOE}
     monkeypatch.setattr(decode, "DECODE_MODELS", models)
     report = serving.run_serving(serving.SERVING_MODELS, batch=2, hidden=16, rounds=1, calls=1)
     assert set(report["models"]) == {"moe", "heads", "decode"}
