@@ -11,10 +11,13 @@ training-backward graphs each go through the pipeline separately.
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import torch
@@ -26,10 +29,10 @@ from airstream.config import CompilerConfig
 from airstream.debug.dump import DumpObserver, GraphDumper, dumper_for
 from airstream.decompositions import decomposition_table
 from airstream.effects import effects
-from airstream.errors import ConfigError
+from airstream.errors import AirstreamError, ConfigError
 from airstream.observers import CompileObserver, Observers
 from airstream.openmp import openmp
-from airstream.passes.manager import PassManager, PassResult
+from airstream.passes.manager import PassManager, PassResult, pass_name
 from airstream.passes.tagged_events import lower_tagged_events
 from airstream.runtime.codegen import Executor
 from airstream.runtime.cpu import CpuExecutor
@@ -245,6 +248,15 @@ class AirstreamBackend:
     def __call__(
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
     ) -> Callable[..., Any]:
+        """Compile one Dynamo graph; airstream's errors come out with a readable traceback."""
+        try:
+            return self._compile(gm, example_inputs, kwargs)
+        except AirstreamError as exc:
+            raise _readable(exc) from exc.__cause__  # TORCHDYNAMO_VERBOSE=1 shows every frame
+
+    def _compile(
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> Callable[..., Any]:
         torch_internals.require("core")
         config = self.config_for(kwargs)
         subscribers: list[CompileObserver] = [_Record(self.graphs, self._lock), *self.observers]
@@ -287,7 +299,68 @@ class AirstreamBackend:
         return config
 
     def __repr__(self) -> str:
-        return f"AirstreamBackend({self.config!r})"
+        """Short, as Dynamo prints it in every error: the options set to other than their
+        defaults (``backend.config`` prints them all)."""
+        defaults = CompilerConfig().as_dict()
+        changed = [
+            f"{path}={_short(value)}"
+            for path, value in self.config.as_dict().items()
+            if value != defaults.get(path)
+        ]
+        return f"{type(self).__name__}({', '.join(changed)})"
+
+
+def _short(value: Any) -> str:
+    """An option's value for the backend's repr: callables by name, lists of them too."""
+    if isinstance(value, tuple):
+        return f"[{', '.join(_short(v) for v in value)}]"
+    return pass_name(value) if callable(value) else repr(value)
+
+
+# Frames in these directories are left out of the traceback of airstream's compile errors.
+_INTERNAL_DIRS = tuple(
+    str(Path(module_file).parent) + os.sep for module_file in (torch.__file__, __file__)
+)
+
+
+def _full_traceback() -> bool:
+    """``TORCHDYNAMO_VERBOSE=1``, the flag that also keeps Dynamo's own frames, keeps them all."""
+    return os.environ.get("TORCHDYNAMO_VERBOSE", "0") == "1"
+
+
+def _raised_through(exc: BaseException) -> list[TracebackType]:
+    """The traceback entries of ``exc`` and its ``__cause__`` chain as one stack, outermost
+    first: each cause continues below the frame that raised its consequence."""
+    entries: list[TracebackType] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        own: list[TracebackType] = []
+        tb = current.__traceback__
+        while tb is not None:
+            own.append(tb)
+            tb = tb.tb_next
+        if entries and own and entries[-1].tb_frame is own[0].tb_frame:
+            entries.pop()  # the frame that caught the cause: its call line, not its raise line
+        entries += own
+        current = current.__cause__
+    return entries
+
+
+def _readable(exc: AirstreamError) -> AirstreamError:
+    """``exc`` with a traceback a user reads: the frames of their code (the pass that raised,
+    the line that raised in it), none of torch's or airstream's; with ``TORCHDYNAMO_VERBOSE=1``
+    every frame, the causes' included (Dynamo prints the error without its causes)."""
+    entries = _raised_through(exc)
+    if not _full_traceback():
+        entries = [
+            e for e in entries if not e.tb_frame.f_code.co_filename.startswith(_INTERNAL_DIRS)
+        ]
+    tb: TracebackType | None = None
+    for entry in reversed(entries):
+        tb = TracebackType(tb, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return exc.with_traceback(tb)
 
 
 def _check_config(config: Any) -> CompilerConfig:

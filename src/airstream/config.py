@@ -3,7 +3,8 @@
 Every option lives at a dotted path (``"debug.run_eagerly"``); ``torch.compile(...,
 backend="airstream", options={...})`` takes the same paths. Unknown names and bad values raise
 :class:`~airstream.errors.ConfigError` naming the valid choices; a pass slot given something
-that is not callable raises ``TypeError``.
+that is not callable, or cannot be called as ``fn(gm, example_inputs, config)``, raises
+``TypeError``.
 
 The machinery (:class:`~airstream.options.Option`, :class:`~airstream.options.OptionGroup` and
 the checks) lives in :mod:`airstream.options`. The TorchAir config

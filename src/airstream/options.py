@@ -10,6 +10,8 @@ own object model, leaves with ``.value``, in :mod:`airstream.compat.torchair.val
 from __future__ import annotations
 
 import difflib
+import functools
+import inspect
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ __all__ = [
     "PassSlot",
     "anything",
     "boolean",
+    "callable_source",
     "choice",
     "directory",
     "pass_slot",
@@ -83,9 +86,60 @@ def directory(path: str, value: Any) -> str:
     return os.fspath(value)
 
 
+PASS_SIGNATURE = "def my_pass(gm, example_inputs, config): ..."
+
+
+def callable_source(fn: Any) -> tuple[str, int] | None:
+    """Where ``fn``'s code is defined, as ``(file, first line)``; None where it cannot be read
+    (builtins). Follows ``functools.wraps`` and ``partial``; a callable object: its ``__call__``."""
+    target: Any = inspect.unwrap(fn)
+    while isinstance(target, functools.partial):
+        target = inspect.unwrap(target.func)
+    if isinstance(target, type):  # a class used as a pass: called, it runs __init__
+        target = vars(target).get("__init__", target)
+    code = getattr(target, "__code__", None)
+    if code is None and callable(target):
+        code = getattr(type(target).__call__, "__code__", None)
+    return None if code is None else (code.co_filename, code.co_firstlineno)
+
+
+def _describe(fn: Any) -> str:
+    """``fn``'s qualified name and source location, for error messages."""
+    target = inspect.unwrap(fn)
+    if isinstance(target, functools.partial):
+        return f"functools.partial({_describe(target.func)})"
+    qualname = getattr(target, "__qualname__", None) or f"{type(target).__qualname__}.__call__"
+    module = getattr(target, "__module__", None)
+    name = f"{module}.{qualname}" if module else qualname
+    where = callable_source(fn)
+    return f"{name} ({where[0]}:{where[1]})" if where else name
+
+
+def _check_pass_signature(path: str, fn: Any) -> None:
+    """Raise ``TypeError`` unless ``fn`` can be called as ``fn(gm, example_inputs, config)``;
+    callables whose signature cannot be read (some builtins) are accepted."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(None, None, None)
+    except TypeError as exc:
+        raise TypeError(
+            f"{path}: the pass {_describe(fn)} takes {signature}, but airstream calls every pass "
+            f"as fn(gm, example_inputs, config) ({exc}). Define it as\n"
+            f"    {PASS_SIGNATURE}\n"
+            "and edit gm.graph in place (the return value is ignored)."
+        ) from None
+
+
 def pass_slot(path: str, value: Any) -> PassSlot:
-    """Accept None, one callable, or a sequence of callables (stored as a tuple)."""
-    if value is None or callable(value):
+    """Accept None, one callable, or a sequence of callables (stored as a tuple), each callable
+    as ``fn(gm, example_inputs, config)``."""
+    if value is None:
+        return value
+    if callable(value):
+        _check_pass_signature(path, value)
         return value
     if isinstance(value, (list, tuple)):
         for i, fn in enumerate(value):
@@ -94,6 +148,7 @@ def pass_slot(path: str, value: Any) -> PassSlot:
                     f"{path}[{i}] must be a callable fn(gm, example_inputs, config), "
                     f"got {type(fn).__name__} {fn!r}"
                 )
+            _check_pass_signature(f"{path}[{i}]", fn)
         return tuple(value)
     raise TypeError(
         f"{path} must be a callable fn(gm, example_inputs, config) or a list of them, "

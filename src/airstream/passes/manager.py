@@ -2,7 +2,8 @@
 final built-ins (in-place rewriting, on the graph with its final streams).
 
 Every pass is called as ``fn(gm, example_inputs, config)`` and edits ``gm.graph`` in place; its
-return value is ignored. Around each pass the manager (not the pass) does the bookkeeping: it
+return value is ignored (a custom pass returning anything but None gets a warning at its source
+line). Around each pass the manager (not the pass) does the bookkeeping: it
 times it, tags the nodes it added (``meta["air_inserted_by"]``), refills ``meta["val"]`` for them,
 lints and recompiles, and with ``debug.verify_passes`` also re-checks every node's metadata.
 Built-ins are also checked never to remove, merge or move an air op. Any failure becomes a
@@ -14,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +25,7 @@ import torch.fx
 from airstream.config import CompilerConfig
 from airstream.effects import effects
 from airstream.errors import PassError, StreamError
+from airstream.options import callable_source
 from airstream.passes.builtin import BUILTIN_PASSES, FINAL_PASSES
 from airstream.passes.builtin.reinplace import StreamLabels
 from airstream.passes.meta import check_meta, fill_meta
@@ -156,10 +159,12 @@ class PassManager:
         collectives = _collective_order(gm.graph)
         start = time.perf_counter()
         try:
-            spec.fn(gm, example_inputs, self.config)
+            returned = spec.fn(gm, example_inputs, self.config)
         except Exception as exc:
             raise self._error(spec, kind, f"raised {type(exc).__name__}: {exc}", gm) from exc
         seconds = time.perf_counter() - start
+        if returned is not None and spec.stage in (PRE, POST):
+            _warn_returned(spec, gm, returned)
         for node in gm.graph.nodes:
             if node not in before_nodes:
                 node.meta.setdefault("air_inserted_by", spec.name)
@@ -192,6 +197,28 @@ class PassManager:
         )
         log.debug("%s", result)
         return result
+
+
+# warn_explicit's registry: each location warns once under the default filter
+_warned: dict[Any, Any] = {}
+
+
+def _warn_returned(spec: PassSpec, gm: torch.fx.GraphModule, returned: Any) -> None:
+    """Warn that a custom pass's return value is ignored, at the pass's own source line."""
+    if returned is gm:
+        what = "gm itself (harmless, but airstream never reads it)"
+    elif isinstance(returned, torch.fx.GraphModule):
+        what = "a GraphModule other than gm: airstream keeps compiling gm, so what was changed "
+        what += "only in the returned one is lost"
+    else:
+        what = f"a value of type {type(returned).__name__}"
+    message = (
+        f"pass {spec.name!r} (stage {spec.stage}) returned {what}. The return value of a pass "
+        "is ignored: edit gm.graph in place (inserting_before/after, replace_all_uses_with, "
+        "erase_node) and return None."
+    )
+    filename, lineno = callable_source(spec.fn) or ("<unknown pass>", 0)
+    warnings.warn_explicit(message, UserWarning, filename, lineno, registry=_warned)
 
 
 def _collective_order(graph: torch.fx.Graph) -> list[str]:
