@@ -264,8 +264,12 @@ class CpuExecutor:
         return job
 
     def __call__(self, args: list[Any]) -> Any:
-        trace = CallTrace() if tracing_wanted() else None
-        main = self.main.code if trace is None else self.main.traced.get()
+        trace, main = None, self.main.code
+        if tracing_wanted():
+            main = self.main.traced.get()
+            for _, stream in self.sides:
+                stream.traced.get()  # built now, not inside the call's time
+            trace = CallTrace()  # its clock starts once the traced code exists
         kind = self._events
         events = [kind.new() for _ in range(self._num_events)]
         state = CallState(events, kind)

@@ -188,14 +188,15 @@ class CudaExecutor:
         with api.device(self.device):
             caller = api.current_stream(self.device)
             capturing = api.capturing()
+            traced: Any = self._traced.get() if not capturing and tracing_wanted() else None
             streams = [caller, *self.side_streams(capturing)]
             events = self._take_events(capturing)
-            trace = CallTrace() if not capturing and tracing_wanted() else None
+            trace = None if traced is None else CallTrace()  # its clock starts once code exists
             try:
                 if trace is None:
                     return self._fn(args, streams, events, api)
                 traces = {s.label: trace.stream(s.label) for s in self.plan.streams}
-                return self._traced.get()(args, streams, events, api, traces)
+                return traced(args, streams, events, api, traces)
             except BaseException as error:
                 _join_after_error(streams)
                 where = self.generated.locate(error, self._stream_of)

@@ -57,8 +57,9 @@ class SerialExecutor:
     def __call__(self, args: list[Any]) -> Any:
         if not tracing_wanted():
             return self._forward(args)
-        trace = CallTrace()
+        traced = self._traced.get()
+        trace = CallTrace()  # its clock starts once the traced code exists
         try:
-            return self._traced.get()(args, {label: trace.stream(label) for label in self._labels})
+            return traced(args, {label: trace.stream(label) for label in self._labels})
         finally:
             trace.finish()

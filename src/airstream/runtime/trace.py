@@ -86,7 +86,9 @@ class SyncRecord:
 
 @dataclass
 class CallTrace:
-    """Everything one traced call recorded; filled by the streams of the call."""
+    """Everything one traced call recorded; filled by the streams of the call. Its clock
+    (``start_ns``) starts when it is made: executors make it once their traced code exists, so
+    generating that code (on the first profiled call) is not counted in the call."""
 
     call: int = field(default_factory=lambda: next(_call_ids))
     ops: list[OpRecord] = field(default_factory=list)
