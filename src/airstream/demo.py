@@ -12,6 +12,7 @@ import torch
 
 from airstream.backend import get_backend
 from airstream.config import CompilerConfig
+from airstream.debug.dump import start_run
 from airstream.debug.profile import profile
 from airstream.debug.report import control_edges, format_streams, stream_name
 from airstream.examples.guide import Model, custom_pre_pass
@@ -26,8 +27,9 @@ def _heading(out: io.StringIO, text: str) -> None:
 def run_demo(size: int = 64, seed: int = 0, out_dir: str | None = None) -> tuple[str, bool]:
     """Compile and run the guide's example; return the report text and whether it matched eager.
 
-    With ``out_dir``, also write the graph dumps (svg, or dot without Graphviz) and the profile
-    of a few calls (Chrome trace and SVG timeline) there."""
+    With ``out_dir``, also write the graph dumps (svg, or dot without Graphviz; the previous
+    run's dumps there are deleted) and the profile of a few calls (Chrome trace and SVG
+    timeline) there, and list them by absolute path."""
     out = io.StringIO()
     snapshots: dict[str, str] = {}
 
@@ -41,8 +43,10 @@ def run_demo(size: int = 64, seed: int = 0, out_dir: str | None = None) -> tuple
     config = CompilerConfig()
     config.post_grad_custom_pre_pass = observed_pass
     if out_dir is not None:
+        out_dir = os.path.abspath(out_dir)  # every path the demo prints is absolute
         config.debug.graph_dump.type = "svg"
         config.debug.graph_dump.path = os.path.join(out_dir, "dumps")
+        start_run(config.debug.graph_dump.path)  # each demo run: 000 onwards, no stale files
     backend = get_backend(compiler_config=config)
     model = Model()
     compiled = torch.compile(model, backend=backend)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
+import operator
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import torch
 import torch.fx
+import torch.nn.functional
 
 from airstream.torch_internals import OpOverload, op_name, stack_trace
 
@@ -18,6 +22,7 @@ __all__ = [
     "describe",
     "source_line",
     "target_name",
+    "torch_function_name",
 ]
 
 
@@ -34,6 +39,33 @@ _FRAME = re.compile(
 )
 
 
+# Where Dynamo's call targets live, under the names people write them with.
+_TORCH_HOMES: tuple[tuple[str, Any], ...] = (
+    ("torch", torch),
+    ("torch.nn.functional", torch.nn.functional),
+    ("torch.linalg", torch.linalg),
+    ("torch.fft", torch.fft),
+    ("torch.special", torch.special),
+    ("torch.Tensor", torch.Tensor),
+    ("operator", operator),
+    ("math", math),
+)
+
+
+def torch_function_name(target: Any) -> str | None:
+    """``torch.mm``-style name of a torch (or operator/math) function, or None."""
+    name = getattr(target, "__name__", None)
+    if not isinstance(name, str):
+        return None
+    for home, module in _TORCH_HOMES:
+        if getattr(module, name, None) is target:
+            return f"{home}.{name}"
+    module_name = getattr(target, "__module__", None)
+    if isinstance(module_name, str) and not any(p.startswith("_") for p in module_name.split(".")):
+        return f"{module_name}.{getattr(target, '__qualname__', name)}"
+    return None
+
+
 def target_name(node: torch.fx.Node) -> str:
     """``aten.mm.default``-style name of a node's target (or its op for non-calls)."""
     if node.op != "call_function":
@@ -43,6 +75,9 @@ def target_name(node: torch.fx.Node) -> str:
         return ".".join(op_name(target))
     if SEGMENT_KEY in node.meta:  # max-autotune: an Inductor-compiled segment
         return "inductor_segment"
+    known = torch_function_name(target)  # the Dynamo graph's torch.mm, operator.add, ...
+    if known is not None:
+        return known
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
     return str(name) if name is not None else repr(target)
 

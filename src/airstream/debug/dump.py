@@ -20,11 +20,23 @@ graph's code with each node's source line as a comment; the plan dump is the cod
 runs), ``dot`` and ``svg`` (Graphviz; an
 ``svg`` request without Graphviz's ``dot`` on the machine writes the ``.dot`` and warns). On a
 pass failure the graph from before the failing pass is written as ``NNN_<kind>_before_<pass>``.
+
+Each run starts at ``000``: the first numbered dump a process writes into a directory deletes the
+files the previous run wrote there, and only those. Chosen over a fresh folder per run so the
+path stays the one configured (and documented) while a rerun never leaves stale graphs beside
+new ones. A manifest in airstream's cache (the writer's pid, the directory, each file it
+wrote; see ``_manifest``) says which files are a run's own, so the directory holds only dumps;
+other files are never deleted (numbering continues after any numbered file left there), nor
+are a still-running process's (another rank dumping to the same directory). :func:`start_run`
+starts over within one process. TorchAir naming deletes nothing: its names carry a timestamp.
+Paths (``GraphDumper.written``, messages) are absolute.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import itertools
 import os
 import re
@@ -46,26 +58,110 @@ from airstream.passes.manager import PassSpec
 from airstream.schedule.plan import StreamPlan
 from airstream.schedule.streams import StreamAssignment, assign_streams
 
-__all__ = ["DumpObserver", "GraphDumper", "dumper_for"]
+__all__ = ["DumpObserver", "GraphDumper", "dumper_for", "start_run"]
 
 
 _numbers: dict[str, itertools.count[int]] = {}
 _numbers_lock = threading.Lock()
 _graph_ids = itertools.count()  # TorchAir naming: the process's Dynamo graphs, in order
 
+_OWN_NAME = re.compile(r"\d{3,}_[A-Za-z0-9_]+\.(txt|py|dot|svg)")
+
+
+def _alive(pid: int) -> bool:
+    """Whether another process ``pid`` is running (it may still be writing its dumps)."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _manifest(directory: str) -> str:
+    """Where the run writing numbered dumps into ``directory`` lists them: the pid of the run,
+    the directory, then each file's name. It lives in airstream's cache
+    (``AIRSTREAM_CACHE_DIR``, else ``$XDG_CACHE_HOME/airstream`` or ``~/.cache/airstream``), so
+    the dump directory holds only dumps."""
+    root = os.environ.get("AIRSTREAM_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "airstream",
+    )
+    key = hashlib.sha1(os.path.realpath(directory).encode()).hexdigest()[:20]
+    return os.path.join(root, "dumps", f"{key}.txt")
+
+
+@functools.cache  # once per process and cache folder
+def _prune_manifests(folder: str) -> None:
+    """Delete the manifests of dump directories that no longer exist (temporary ones)."""
+    for entry in os.scandir(folder) if os.path.isdir(folder) else ():
+        with contextlib.suppress(OSError):
+            with open(entry.path) as f:
+                lines = f.read().split("\n")
+            if len(lines) > 1 and not os.path.isdir(lines[1]):
+                os.remove(entry.path)
+
+
+def _clear_previous_run(directory: str) -> None:
+    """Delete the numbered files the manifest lists (those an earlier run wrote and nothing
+    else), unless the run that wrote them is still going; start a fresh manifest. Without a
+    manifest (or a writable cache) nothing is deleted and numbers continue after the files."""
+    manifest = _manifest(directory)
+    _prune_manifests(os.path.dirname(manifest))
+    try:
+        with open(manifest) as f:
+            owner, _, *names = f.read().split("\n")
+    except (OSError, ValueError):
+        owner, names = "", []
+    if owner.isdigit() and _alive(int(owner)):
+        return  # a concurrent process (another rank) owns these files: number after them
+    for name in names:
+        path = os.path.join(directory, name)
+        if _OWN_NAME.fullmatch(name) and os.path.isfile(path):
+            os.remove(path)
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.dirname(manifest), exist_ok=True)
+        with open(manifest, "w") as f:
+            f.write(f"{os.getpid()}\n{os.path.realpath(directory)}\n")
+
+
+def _note_written(directory: str, path: str) -> None:
+    """Add a numbered file to the directory's manifest, so the next run can clear it."""
+    with _numbers_lock, contextlib.suppress(OSError), open(_manifest(directory), "a") as f:
+        f.write(os.path.basename(path) + "\n")
+
+
+def start_run(directory: str) -> None:
+    """Start a new run of numbered dumps in ``directory``: delete the files the previous run
+    wrote there (listed in its manifest) and number from ``000`` again. The first dump into a
+    directory in a process does this itself; call it to start over within one process."""
+    directory = os.path.abspath(directory)
+    with _numbers_lock:
+        os.makedirs(directory, exist_ok=True)
+        _clear_previous_run(directory)
+        _numbers[directory] = _counter_after_existing(directory)
+
+
+def _counter_after_existing(directory: str) -> itertools.count[int]:
+    """Numbers after any numbered file left in ``directory`` (another run's, or not ours)."""
+    existing = [
+        int(m.group(1)) for name in os.listdir(directory) if (m := re.match(r"(\d+)_", name))
+    ]
+    return itertools.count(max(existing, default=-1) + 1)
+
 
 def _next_number(directory: str) -> int:
-    """Sequence numbers per directory, process-wide, continuing after files already there, so
-    every backend and every Dynamo graph writing to one directory gets ordered, unique names."""
+    """Sequence numbers per directory, process-wide, so every backend and every Dynamo graph
+    writing to one directory gets ordered, unique names; the process's first number there
+    starts a run (:func:`start_run`)."""
     with _numbers_lock:
         counter = _numbers.get(directory)
         if counter is None:
-            existing = [
-                int(m.group(1))
-                for name in (os.listdir(directory) if os.path.isdir(directory) else [])
-                if (m := re.match(r"(\d+)_", name))
-            ]
-            counter = _numbers[directory] = itertools.count(max(existing, default=-1) + 1)
+            _clear_previous_run(directory)
+            counter = _numbers[directory] = _counter_after_existing(directory)
         return next(counter)
 
 
@@ -129,6 +225,8 @@ class GraphDumper:
         with open(path, "w") as f:
             f.write(text)
         self.written.append(path)
+        if self.naming != "torchair":
+            _note_written(self.path, path)
         return path
 
     def _render(
@@ -213,6 +311,8 @@ class GraphDumper:
         subprocess.run([exe, "-Tsvg", dot_path, "-o", svg_path], check=True, timeout=120)
         os.remove(dot_path)
         self.written[self.written.index(dot_path)] = svg_path
+        if self.naming != "torchair":
+            _note_written(self.path, svg_path)
         return svg_path
 
     def __repr__(self) -> str:

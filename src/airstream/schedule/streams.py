@@ -4,8 +4,10 @@ Rules (docs/design.md section 3): the main stream is label ``None``; a node betw
 (key ``_user_stream_label``) and its matching ``scope_exit`` runs on that label, scopes nest and
 the innermost label wins; a node outside every stream scope may carry
 ``node.meta["custom"]["air_stream"]``; else it is on the main stream. ``getitem`` (tuple indexing,
-no kernel) runs on its producer's stream, wherever it sits. Other scope keys are kept in
-``node.meta["air_scope"]``. With ``ge_config.enable_single_stream`` every node is on main.
+no kernel) runs on its producer's stream, wherever it sits. ``scope_enter``/``scope_exit`` sit on
+the stream around the scope they open/close, in every model (an annotation never moves them).
+Other scope keys are kept in ``node.meta["air_scope"]``. With ``ge_config.enable_single_stream``
+every node is on main.
 """
 
 from __future__ import annotations
@@ -48,8 +50,11 @@ class StreamAssignment:
     """The result of stream analysis: plain data, keyed by node name.
 
     Attributes:
-        stream_of: every ``call_function`` node's stream label (``None`` = main stream); air
-            markers get the stream of the position they sit at.
+        stream_of: every ``call_function`` node's stream label (``None`` = main stream).
+            ``scope_enter`` and ``scope_exit`` are on the stream around the scope they open or
+            close (main at the top level; never an annotation's), not on the stream they
+            delimit: ``nodes_on(label)`` is what runs on it. ``record`` and ``wait`` are on
+            the stream of their position (the stream that records or waits).
         streams: the labels in order of first use, main stream (``None``) first.
         priorities: priority per side-stream label (from the scope or the annotation).
         scope_attrs: per node, the non-stream scope keys in force (e.g. TorchAir's
@@ -190,7 +195,8 @@ def assign_streams(
                 )
             stack.pop()
         label = next((s.label for s in reversed(stack) if s.label is not None), None)
-        if label is None:  # outside every stream scope: the annotation decides
+        marker = node.target in (scope_enter, scope_exit)  # on the stream around its scope
+        if label is None and not marker:  # outside every stream scope: the annotation decides
             label, priority = _annotation(node)
             if label is not None and not single_stream:
                 note_priority(node, label, priority)
