@@ -48,16 +48,3 @@ with torch.no_grad():
     want = model(x)
 torch.npu.synchronize()
 print("result equals eager:", bool(torch.allclose(out, want, rtol=1e-5, atol=1e-5)))
-
-try:  # off the NPU, show where each op ran
-    import airstream
-
-    with torch.no_grad(), airstream.profile() as prof:
-        opt_model(x)
-    streams = {}
-    for record in prof.events:
-        streams.setdefault(record.stream or "main", []).append(record.name)
-    for stream, names in streams.items():
-        print(f"  stream {stream}: {len(names)} ops, e.g. {', '.join(names[:4])}")
-except ImportError:
-    pass

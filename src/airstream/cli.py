@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+from collections import Counter
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from airstream.runtime.trace import CallTrace, OpRecord
 
 __all__ = ["main"]
 
@@ -135,29 +141,185 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0 if report.healthy else 1
 
 
+# FX nodes that only unpack or check values: left out of the report of what ran where
+_BOOKKEEPING = ("getitem", "sym_size", "sym_numel", "sym_stride", "_assert")
+_REPORT_CALLS = 20  # compiled calls traced for the report; later calls run untraced
+_SEGMENT_NOTE = (
+    "a kernel segment is a run of consecutive ops of one stream, between its waits and\n"
+    "records, that max-autotune compiled with Inductor into one call of generated kernels"
+)
+
+
+class _WhereRan:
+    """A trace listener keeping the ops of each distinct compiled graph a script called,
+    from its first ``limit`` compiled calls (then it stops listening, so later calls run
+    untraced)."""
+
+    def __init__(self, limit: int = _REPORT_CALLS) -> None:
+        import threading
+
+        self.limit = limit
+        self.calls = 0
+        self.graphs: dict[tuple[tuple[str, str], ...], list[OpRecord]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, trace: CallTrace) -> None:
+        from airstream.runtime.trace import remove_listener
+
+        ops = sorted(trace.ops, key=lambda r: r.start_ns)
+        key = tuple(sorted((r.stream or "", r.name) for r in ops))
+        with self._lock:
+            self.calls += 1
+            self.graphs.setdefault(key, ops)
+            if self.calls >= self.limit:
+                remove_listener(self)
+
+
+def _op_name(node: str) -> str | None:
+    """The op an FX node name stands for (``abs_1`` -> ``abs``); None for bookkeeping."""
+    base = re.sub(r"_\d+$", "", node)
+    return None if base.startswith(_BOOKKEEPING) else base
+
+
+def _op_list(ops: Sequence[str], most: int = 8) -> str:
+    """``ops`` in first-seen order, repeats counted: ``t x2, addmm x2, silu``."""
+    counts = Counter(ops)
+    shown = [f"{op} x{counts[op]}" if counts[op] > 1 else op for op in counts]
+    more = f", and {len(shown) - most} more kinds" if len(shown) > most else ""
+    return ", ".join(shown[:most]) + more
+
+
+def _plural(count: int, word: str) -> str:
+    """``1 op``, ``2 ops``."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _stream_line(label: str, records: Sequence[OpRecord]) -> str | None:
+    """One line saying which ops ran on stream ``label`` and how; None if only bookkeeping."""
+    ops: list[str] = []
+    fused = segments = 0
+    for record in records:
+        names = [op for op in map(_op_name, record.fused or (record.name,)) if op]
+        ops += names
+        if record.fused:
+            fused, segments = fused + len(names), segments + 1
+    if not ops:
+        return None
+    into = f"fused by max-autotune into {_plural(segments, 'kernel segment')}"
+    alone = len(ops) - fused
+    if not segments:
+        how = f"{_plural(alone, 'op')}, run one by one"
+    elif not alone:
+        how = f"{_plural(fused, 'op')}, {into}"
+    else:
+        how = f"{_plural(len(ops), 'op')}: {fused} {into}, {alone} run one by one"
+    return f"stream {label}: {_op_list(ops)} ({how})"
+
+
+def _graph_lines(records: Sequence[OpRecord]) -> list[str]:
+    """A line per stream of one compiled graph, main first."""
+    streams: dict[str, list[OpRecord]] = {"main": []}
+    for record in records:
+        streams.setdefault(record.stream or "main", []).append(record)
+    lines = (_stream_line(label, recs) for label, recs in streams.items())
+    return [line for line in lines if line]
+
+
+def _where_ran(seen: _WhereRan, most_graphs: int = 5) -> str:
+    """In plain words, which ops of the compiled graphs ran on which stream."""
+    if not seen.graphs:
+        return "airstream: the script made no compiled calls through airstream's backend\n"
+    graphs = list(seen.graphs.values())
+    calls = (
+        f"the first {seen.calls} calls" if seen.calls >= seen.limit else _plural(seen.calls, "call")
+    )
+    lines = [f"airstream: what ran where ({_plural(len(graphs), 'compiled graph')}, {calls}):"]
+    for number, records in enumerate(graphs[:most_graphs], 1):
+        indent = "  " if len(graphs) == 1 else "    "
+        if len(graphs) > 1:
+            lines.append(f"  graph {number} of {len(graphs)}:")
+        lines += [indent + line for line in _graph_lines(records)]
+    if len(graphs) > most_graphs:
+        lines.append(f"  ... and {len(graphs) - most_graphs} more graphs")
+    if any(r.fused for records in graphs for r in records):
+        lines += ["  " + line for line in _SEGMENT_NOTE.splitlines()]
+    return "\n".join(lines) + "\n"
+
+
 def _run(args: argparse.Namespace) -> int:
+    """Run ``args.script`` with the TorchAir shims, then say what ran on which stream."""
     import runpy
 
     if not args.torchair:
         print("airstream run: only --torchair scripts are supported so far", file=sys.stderr)
         return 2
     from airstream.compat.torchair import install
+    from airstream.runtime.trace import add_listener, remove_listener
 
-    install()
+    seen = _WhereRan() if install() else None
     sys.argv = [args.script, *args.args]
-    runpy.run_path(args.script, run_name="__main__")
+    if seen is not None:
+        add_listener(seen)
+    try:
+        runpy.run_path(args.script, run_name="__main__")
+    except SystemExit as stop:
+        if stop.code not in (None, 0):
+            raise
+    finally:
+        if seen is not None:
+            remove_listener(seen)
+    if seen is not None:
+        print(_where_ran(seen), end="")
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``airstream`` command."""
-    parser = argparse.ArgumentParser(
-        prog="airstream",
-        description="airstream: custom FX passes and multi-stream execution for torch.compile",
+_BENCHES = {
+    "overhead": "per-op cost against fx.GraphModule; what one side stream costs",
+    "moe": "a dense MoE block: eager, Inductor, airstream on 1 and 2 streams",
+    "moe-shared": "a MoE block with a shared expert and the stream passes for it",
+    "branches": "parallel branches and the stream passes that apply to them",
+    "mlp": "an MLP stack and the stream passes that apply to it",
+    "passes": "how long each stream pass takes on a 5,000-node graph",
+    "batched-experts": "experts as one batched op, or split per expert on 2 streams",
+    "branches-pointwise": "reduce-overhead vs max-autotune, 1 and 2 streams, compile times",
+    "tp": "a tensor-parallel MLP on --nproc ranks, with overlap_communication",
+    "memory": "peak memory of a training step and of inference",
+    "decode": "decode steps of transformers models (--models): tokens/s",
+    "serving-loop": "models called alone and between eager sampling work",
+}
+
+
+def _command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    summary: str,
+    description: str,
+    examples: Sequence[str],
+) -> argparse.ArgumentParser:
+    """Add subcommand ``name``: ``summary`` in the command list; its --help shows
+    ``description`` (kept as written) and then ``examples``, one command a line."""
+    return sub.add_parser(
+        name,
+        help=summary,
+        description=description,
+        epilog="examples:\n" + "\n".join(f"  {line}" for line in examples),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser(
-        "demo", help="run the TorchAir guide's multi-stream example and explain it"
+
+
+def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``demo`` subcommand."""
+    demo = _command(
+        sub,
+        "demo",
+        "run the TorchAir guide's multi-stream example and explain it",
+        "Compile the TorchAir guide's example (mm and abs on a second stream, sub waiting for\n"
+        "them) and print the graph before and after its custom pass, which stream each op ran\n"
+        "on, and whether the result equals eager PyTorch. Dumps and a timeline go to --out.",
+        [
+            "airstream demo",
+            "airstream demo --size 256 --out ''     # a bigger input, no files written",
+        ],
     )
     demo.add_argument("--size", type=int, default=64, help="side of the square input (default 64)")
     demo.add_argument("--seed", type=int, default=0, help="random seed of the input")
@@ -168,8 +330,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(func=_demo)
 
-    explain = sub.add_parser(
-        "explain", help="compile a model without running it and report what airstream decided"
+
+def _add_explain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``explain`` subcommand."""
+    explain = _command(
+        sub,
+        "explain",
+        "compile a model without running it and report what airstream decided",
+        "Compile a model without running it and print each graph after every pass, the stream\n"
+        "each op was put on, and the plan of each stream with its waits and records. TARGET is\n"
+        "module:factory, where factory() returns (model, inputs) or (model, inputs, config).",
+        [
+            "airstream explain airstream.examples.guide:explain_target",
+            "airstream explain mymodel:build --dump svg    # also draw each graph",
+        ],
     )
     explain.add_argument(
         "target",
@@ -179,15 +353,33 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--dump-path", default="airstream_dump", help="where dumps go")
     explain.set_defaults(func=_explain)
 
-    selftest = sub.add_parser(
+
+def _add_selftest(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``selftest`` subcommand."""
+    selftest = _command(
+        sub,
         "selftest",
-        help="run the fuzzer, the OpInfo sweep or the transformers model suite",
-        description="fuzz: random stream programs through the runtimes; opinfo: every op of "
-        "torch's OpInfo database through airstream's configurations; models: transformers "
-        "architectures (random weights) through every airstream configuration, compared with "
-        "eager and classified against aot_eager (needs `pip install transformers`).",
+        "run the fuzzer, the OpInfo sweep or the transformers model suite",
+        "Check airstream against references and print a report. SUITE is one of:\n"
+        "  fuzz    random stream programs run through the runtimes and compared with a serial\n"
+        "          run (--mode max-autotune: Inductor segments against aten); broken programs\n"
+        "          must raise StreamError\n"
+        "  opinfo  every op of torch's OpInfo database through airstream's configurations\n"
+        "  models  transformers architectures (random weights) through every configuration,\n"
+        "          compared with eager (needs `pip install transformers`)",
+        [
+            "airstream selftest fuzz --cases 10000 --seed 2026",
+            "airstream selftest fuzz --mode max-autotune --cases 100",
+            "airstream selftest opinfo --ops add,mm --no-inductor",
+            "airstream selftest models --archs llama --json",
+        ],
     )
-    selftest.add_argument("suite", choices=["fuzz", "opinfo", "models"])
+    selftest.add_argument(
+        "suite",
+        metavar="SUITE",
+        choices=["fuzz", "opinfo", "models"],
+        help="fuzz, opinfo or models",
+    )
     selftest.add_argument("--cases", type=int, default=1000, help="fuzz: programs (default 1000)")
     selftest.add_argument("--seed", type=int, default=0, help="fuzz: seed (default 0)")
     selftest.add_argument("--runs", type=int, default=2, help="fuzz: runs per program")
@@ -232,16 +424,25 @@ def build_parser() -> argparse.ArgumentParser:
     selftest.add_argument("--json", action="store_true", help="print the report as JSON")
     selftest.set_defaults(func=_selftest)
 
-    doctor = sub.add_parser(
+
+def _add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``doctor`` subcommand."""
+    doctor = _command(
+        sub,
         "doctor",
-        help="versions, torch support, CPU threads, OpenMP, CUDA, Graphviz, C++ compiler: what a "
+        "versions, torch support, CPU threads, OpenMP, CUDA, Graphviz, C++ compiler: what a "
         "bug report needs and what each optional part requires",
-        description="Print the versions of airstream, torch and Python, whether this torch is "
-        "supported and has every private API airstream uses, the CPU's cores, threads and OpenMP "
-        "runtime, the stream costs measured on this machine that auto_streams decides with, and "
-        "each optional part (CUDA, Triton, a C++ compiler for max-autotune, Graphviz, "
-        "torch.distributed, the test tools) with what stops working without it and how to "
+        "Print what a bug report needs: the versions of airstream, torch and Python, whether\n"
+        "this torch is supported and has every private API airstream uses, the CPU's cores,\n"
+        "threads and OpenMP runtime, the stream costs auto_streams decides with, and each\n"
+        "optional part (CUDA, Triton, a C++ compiler for max-autotune, Graphviz,\n"
+        "torch.distributed, the test tools) with what stops working without it and how to\n"
         "install it. Exit status 1 when airstream's core cannot work on this torch.",
+        [
+            "airstream doctor",
+            "airstream doctor --json > doctor.json",
+            "airstream doctor --recalibrate     # measure the stream costs again",
+        ],
     )
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.add_argument(
@@ -251,51 +452,46 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.set_defaults(func=_doctor)
 
-    run = sub.add_parser(
+
+def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``run`` subcommand."""
+    run = _command(
+        sub,
         "run",
-        help="run a script; --torchair: an unmodified TorchAir script",
-        description="Run a script in this Python. With GNU OpenMP and no OpenMP wait policy set, "
-        "it runs with GOMP_SPINCOUNT=10000 (idle OpenMP threads spin briefly, so multi-stream "
-        "calls keep their cores after the script's own torch work); set GOMP_SPINCOUNT or "
+        "run a script; --torchair: an unmodified TorchAir script",
+        "Run an unmodified TorchAir script with airstream (--torchair; no other kind yet):\n"
+        "`import torchair` and `import torch_npu` resolve to airstream, NPU tensors go to\n"
+        "CUDA or the CPU, and when the script ends airstream says which ops ran on which\n"
+        "stream. With GNU OpenMP and no OpenMP wait policy set, the script runs with\n"
+        "GOMP_SPINCOUNT=10000 (idle OpenMP threads spin briefly, so multi-stream calls keep\n"
+        "their cores after the script's own torch work); set GOMP_SPINCOUNT or\n"
         "OMP_WAIT_POLICY yourself to choose.",
+        [
+            "airstream run --torchair examples/torchair_guide.py",
+            "airstream run --torchair infer.py --batch 8    # the script's own arguments follow",
+        ],
     )
     run.add_argument("--torchair", action="store_true", help="resolve torchair/torch_npu here")
     run.add_argument("script", help="the script to run")
     run.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     run.set_defaults(func=_run)
 
-    bench = sub.add_parser("bench", help="run a benchmark and print its figures")
-    bench.add_argument(
-        "name",
-        choices=[
-            "overhead",
-            "moe",
-            "moe-shared",
-            "branches",
-            "mlp",
-            "passes",
-            "batched-experts",
-            "branches-pointwise",
-            "tp",
-            "memory",
-            "decode",
-            "serving-loop",
+
+def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``bench`` subcommand."""
+    bench = _command(
+        sub,
+        "bench",
+        "run a benchmark and print its figures",
+        "Run one benchmark on this machine and print its figures (--json: as JSON).\n"
+        "NAME is one of:\n" + "\n".join(f"  {n:<19}{what}" for n, what in _BENCHES.items()),
+        [
+            "airstream bench overhead",
+            "airstream bench moe --mode both --rounds 5",
+            "airstream bench decode --models llama --device cuda",
         ],
-        help="overhead: per-op cost vs fx.GraphModule and one side stream's cost; "
-        "moe: a dense MoE block, eager vs Inductor vs airstream on 1 and 2 streams "
-        "(--passes: the stream passes instead); moe-shared, branches, mlp: each model with "
-        "the stream passes that apply to it; passes: how long each pass takes on 5,000 nodes; "
-        "branches-pointwise (and moe with --mode): reduce-overhead vs max-autotune on 1 and 2 "
-        "streams next to eager and Inductor, with compile times; tp: a tensor-parallel MLP "
-        "stack over --nproc gloo ranks, eager vs airstream 1 stream vs overlap_communication; "
-        "memory: peak memory of a training step and of inference (--layers, --hidden, "
-        "--tokens = batch, --calls = steps), eager vs aot_eager vs Inductor vs airstream on 1 "
-        "and 2 streams, each in its own process; decode: decode steps of transformers "
-        "architectures (--models) with a static KV cache, eager vs Inductor vs airstream's "
-        "configurations, tokens/s and compile times; serving-loop: the moe, heads and decode "
-        "models (--models) called alone and after eager sampling work, as a serving loop does, "
-        "on 1 stream and on streams with and without releasing OpenMP's idle threads",
     )
+    bench.add_argument("name", metavar="NAME", choices=list(_BENCHES), help="a name listed above")
     bench.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
     bench.add_argument(
         "--calls", type=int, default=None, help="calls per round (overhead 100, moe 5)"
@@ -339,6 +535,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--json", action="store_true", help="print the report as JSON")
     bench.set_defaults(func=_bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``airstream`` command."""
+    parser = argparse.ArgumentParser(
+        prog="airstream",
+        description="airstream: custom FX passes and multi-stream execution for torch.compile.\n"
+        "`airstream COMMAND --help` says what a command does, with examples.",
+        epilog="examples:\n  airstream demo\n  airstream doctor\n"
+        "  airstream run --torchair examples/torchair_guide.py",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_demo, _add_explain, _add_selftest, _add_doctor, _add_run, _add_bench):
+        add(sub)
     return parser
 
 
