@@ -42,6 +42,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "explain",
                 "demo",
                 "cli",
+                "run_report",
                 "doctor",
                 "bench",
                 "selftest",
