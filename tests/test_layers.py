@@ -19,6 +19,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "errors",
                 "calibration",
                 "openmp",
+                "launch",
                 "torch_internals",
                 "options",
                 "config",

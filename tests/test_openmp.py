@@ -148,26 +148,73 @@ def test_airstream_run_gets_a_short_spin_unless_a_policy_is_set() -> None:
     assert openmp.launch_environment({}) == {"GOMP_SPINCOUNT": openmp.LAUNCH_SPINCOUNT}
     assert openmp.launch_environment({"GOMP_SPINCOUNT": "300000"}) == {}
     assert openmp.launch_environment({"OMP_WAIT_POLICY": "PASSIVE"}) == {}
+    assert openmp.installed_runtime() == "GNU OpenMP"  # found without importing torch
+    assert openmp.launch_environment({}, "LLVM OpenMP") == {}
+
+
+@pytest.mark.parametrize(
+    ("argv", "is_run"),
+    [
+        (["python", "/venv/bin/airstream", "run", "--torchair", "s.py"], True),
+        (["python", "-m", "airstream", "run", "s.py"], True),
+        (["python", "-X", "importtime", "-u", "-m", "airstream.cli", "run", "s.py"], True),
+        (["python", "/venv/bin/airstream", "doctor"], False),
+        (["python", "-m", "airstream", "demo"], False),
+        (["python", "-m", "pytest", "run"], False),
+        (["python", "train.py", "run"], False),
+        (["python", "-c", "import airstream"], False),
+    ],
+)
+def test_the_run_command_is_recognised_before_torch_loads(argv: list[str], is_run: bool) -> None:
+    from airstream import launch
+
+    assert launch.is_run_command(argv) is is_run
+    assert launch.prepare(argv) == {}, "torch is loaded in this process: too late, nothing set"
+
+
+_SPIN_SCRIPT = """
+import os, time, torch
+torch.set_num_threads(2)
+x = torch.randn(256, 1024)
+for _ in range(20):
+    x.exp()
+start = time.process_time()
+for _ in range(100):  # after each parallel op the team's idle threads spin, burning CPU time
+    x.exp()
+    time.sleep(0.005)
+print("spin", os.environ.get("GOMP_SPINCOUNT"), "cpu", time.process_time() - start)
+"""
 
 
 @pytest.mark.skipif(
-    not _OPENMP_BUILD or openmp.openmp().runtime != "GNU OpenMP", reason="needs GNU OpenMP"
+    not _OPENMP_BUILD or openmp.openmp().runtime != "GNU OpenMP" or (os.cpu_count() or 1) < 2,
+    reason="needs GNU OpenMP and 2 cores",
 )
-def test_airstream_run_starts_the_script_with_the_short_spin(tmp_path: os.PathLike[str]) -> None:
+def test_airstream_run_starts_once_with_the_short_spin(tmp_path: os.PathLike[str]) -> None:
+    """One process imports torch once, and its OpenMP runtime really runs with the short spin:
+    the idle threads burn far less CPU time than in a plain `python` of the same script."""
     import subprocess
     import sys
 
-    script = os.path.join(tmp_path, "show.py")
+    script = os.path.join(tmp_path, "spin.py")
     with open(script, "w") as f:
-        f.write("import os\nprint('spin', os.environ.get('GOMP_SPINCOUNT'))\n")
+        f.write(_SPIN_SCRIPT)
     env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-    for extra, want in (({}, "spin 10000"), ({"GOMP_SPINCOUNT": "5"}, "spin 5")):
+
+    def run(*command: str) -> tuple[float, str]:
         done = subprocess.run(
-            [sys.executable, "-m", "airstream", "run", "--torchair", script],
-            env={**env, **extra},
+            [sys.executable, *command, script],
+            env=env,
             capture_output=True,
             text=True,
             timeout=120,
             check=True,
         )
-        assert want in done.stdout
+        spin, cpu = re.search(r"spin (\S+) cpu ([\d.]+)", done.stdout).groups()  # type: ignore[union-attr]
+        return float(cpu), f"{spin}\n{done.stderr}"
+
+    plain, _ = run()
+    started, report = run("-X", "importtime", "-m", "airstream", "run", "--torchair")
+    assert report.startswith("10000\n")
+    assert len(re.findall(r"\|\s+torch\n", report)) == 1, "torch was imported once"
+    assert started < 0.6 * plain, f"idle spin CPU time {started:.3f} s vs {plain:.3f} s plain"

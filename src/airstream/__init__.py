@@ -5,6 +5,10 @@ config.post_grad_custom_pre_pass = my_pass
 opt = torch.compile(model, backend=airstream.get_backend(compiler_config=config))
 """
 
+from airstream import launch as _launch
+
+_launch.prepare()  # `airstream run`: OpenMP's variables, before the imports below load torch
+
 from airstream import ops, passes
 from airstream.backend import get_backend, get_compiler, get_npu_backend
 from airstream.config import CompilerConfig

@@ -452,7 +452,9 @@ def _relaunch_for_openmp() -> None:
 
     The runtime reads its idle policy when torch loads, before a script runs; a process that
     alternates multi-stream calls with its own torch work keeps more of the streams' speed with
-    idle threads that spin briefly (see airstream.openmp). Does not return when it relaunches."""
+    idle threads that spin briefly (see airstream.openmp). ``import airstream`` sets the policy
+    before torch loads (airstream.launch), so this starts a second process only where something
+    imported torch before airstream. Does not return when it relaunches."""
     import os
 
     from airstream.openmp import launch_environment

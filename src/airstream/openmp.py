@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.util
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -31,10 +32,12 @@ __all__ = [
     "LAUNCH_SPINCOUNT",
     "OPENMP_VARIABLES",
     "OpenMP",
+    "installed_runtime",
     "launch_environment",
     "openmp",
     "release_costs",
     "release_idle_threads",
+    "set_intra_op_threads",
 ]
 
 # The environment variables that set OpenMP's thread count and idle policy, read at load time.
@@ -151,15 +154,67 @@ def openmp() -> OpenMP:
     return OpenMP(runtime, path, idle, _pause() is not None, policy, spins_long)
 
 
-def launch_environment(env: dict[str, str]) -> dict[str, str]:
+def installed_runtime() -> str:
+    """The OpenMP runtime the installed torch ships beside its libraries, found without
+    importing torch (for a process that must set OpenMP's variables before torch loads them);
+    ``"unknown"`` where torch links one from elsewhere (a system or conda library)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return "unknown"
+    root = next(iter(spec.submodule_search_locations))
+    for folder in (os.path.join(root, "lib"), os.path.join(os.path.dirname(root), "torch.libs")):
+        names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+        for prefix, (runtime, _) in _RUNTIMES.items():
+            if any(name.startswith(prefix) for name in names):
+                return runtime
+    return "unknown"
+
+
+def launch_environment(env: dict[str, str], runtime: str | None = None) -> dict[str, str]:
     """The variables to add to ``env`` for a process airstream starts, so that its idle OpenMP
-    threads spin briefly: ``GOMP_SPINCOUNT`` where GNU OpenMP is in use and no idle policy is
-    set; nothing otherwise (a policy the user set is kept)."""
-    if openmp().runtime != "GNU OpenMP":
+    threads spin briefly: ``GOMP_SPINCOUNT`` where GNU OpenMP is in use (``runtime``; default:
+    the one loaded in this process) or the runtime is unknown (other runtimes ignore it), and no
+    idle policy is set; nothing otherwise (a policy the user set is kept)."""
+    if (openmp().runtime if runtime is None else runtime) not in ("GNU OpenMP", "unknown"):
         return {}
     if any(name in env for name in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")):
         return {}
     return {"GOMP_SPINCOUNT": LAUNCH_SPINCOUNT}
+
+
+@functools.cache
+def _set_num_threads() -> Any:
+    path = _loaded_library()
+    if path is None:
+        return None
+    try:
+        function = ctypes.CDLL(path).omp_set_num_threads
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int]
+    function.restype = None
+    return function
+
+
+def set_intra_op_threads(threads: int) -> None:
+    """Run the calling thread's torch ops on ``threads`` intra-op threads, and no other
+    thread's.
+
+    ``torch.set_num_threads`` also stores the count every thread adopts at its first torch op,
+    so a temporary change on one thread (a stream's worker, a caller running the main stream)
+    leaks into threads started meanwhile, and a caller that started then keeps one thread for
+    good. OpenMP's own ``omp_set_num_threads`` changes the calling thread alone; ATen's
+    parallel ops and MKL follow it. Where torch's OpenMP runtime cannot be found (a build
+    without OpenMP), this is ``torch.set_num_threads``."""
+    import torch  # called at run time, torch loaded; this module must import without it
+
+    if torch.get_num_threads() == threads:  # also torch's first-use setup of this thread,
+        return  # which would overwrite a count set before it
+    setter = _set_num_threads()
+    if setter is None:
+        torch.set_num_threads(threads)
+    else:
+        setter(threads)
 
 
 def release_idle_threads() -> None:
