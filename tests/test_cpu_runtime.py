@@ -11,6 +11,7 @@ from tests import probe_ops
 from tests.conftest import assert_same, compile_model, graph_of
 
 import airstream
+from airstream import torch_internals
 from airstream.examples.guide import Model, custom_pre_pass
 from airstream.runtime.cpu import CpuExecutor
 from airstream.runtime.workers import worker_count
@@ -178,16 +179,20 @@ def test_concurrent_callers_get_correct_results() -> None:
     inputs = [torch.randn(8, 32, generator=torch.Generator().manual_seed(i)) for i in range(8)]
     with torch.no_grad():
         expected = [model(x) for x in inputs]
-    compiled_model, _ = compile_model(model)
+    compiled_model, backend = compile_model(model)
     with torch.no_grad():
         compiled_model(inputs[0])
     errors: list[BaseException] = []
+    intra_op = torch.get_num_threads()
+    seen: list[int] = []
 
     def worker(i: int) -> None:
         try:
+            seen.append(torch.get_num_threads())  # started while others are inside calls
             with torch.no_grad():
                 for _ in range(50):
                     assert_same(compiled_model(inputs[i]), expected[i], rtol=1e-6, atol=1e-6)
+            seen.append(torch.get_num_threads())
         except BaseException as exc:  # reported below
             errors.append(exc)
 
@@ -198,6 +203,12 @@ def test_concurrent_callers_get_correct_results() -> None:
         t.join(timeout=120)
     assert not any(t.is_alive() for t in threads), "a caller hung"
     assert not errors, errors[0]
+    # a stream's intra-op threads are set on its own thread only: a caller started while
+    # another is inside a call keeps the process's count (torch 2.11 also guards on it, and
+    # recompiled in every such thread)
+    assert seen == [intra_op] * 16
+    if torch_internals.torch_release()[:2] >= (2, 13):  # 2.11's Dynamo: see test_load.py
+        assert len(backend.graphs) == 1, "no recompile in the callers' threads"
 
 
 def test_many_graphs_do_not_grow_threads() -> None:

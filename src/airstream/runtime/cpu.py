@@ -32,7 +32,7 @@ import torch
 import torch.fx
 
 from airstream.effects import data_inputs
-from airstream.openmp import release_idle_threads
+from airstream.openmp import release_idle_threads, set_intra_op_threads
 from airstream.runtime import events as ev
 from airstream.runtime.codegen import (
     Builder,
@@ -242,8 +242,8 @@ class CpuExecutor:
 
         def job() -> Any:
             try:
-                if threads is not None and torch.get_num_threads() != threads:
-                    torch.set_num_threads(threads)
+                if threads is not None:
+                    set_intra_op_threads(threads)
                 set_grad_enabled(grad)  # grad mode is per thread: follow the caller
                 if trace is None:
                     code.fn(inputs, slots, state.events, state)
@@ -326,13 +326,11 @@ class CpuExecutor:
             # The caller is the main stream's worker: it too runs with threads_per_stream
             # intra-op threads during the call (oversubscribing the cores costs more than
             # streams gain).
-            if caller_threads != self.threads_per_stream:
-                torch.set_num_threads(self.threads_per_stream)
+            set_intra_op_threads(self.threads_per_stream)
             try:
                 result = run_main()
             finally:
-                if caller_threads != self.threads_per_stream:
-                    torch.set_num_threads(caller_threads)
+                set_intra_op_threads(caller_threads)
         if state.failed or trace is not None:
             # Failed: the join was skipped or poisoned. Traced: the trace must be complete.
             # Either way, let every side stream of this call finish first.

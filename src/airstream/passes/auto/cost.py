@@ -25,6 +25,7 @@ import torch.fx
 
 from airstream.calibration import NOMINAL, MachineCosts
 from airstream.effects import effects
+from airstream.openmp import set_intra_op_threads
 from airstream.torch_internals import flop_formula, size_hint
 
 __all__ = ["CostModel", "flops_cost", "hinted", "profile_cost"]
@@ -114,7 +115,7 @@ def profile_cost(node: torch.fx.Node, costs: MachineCosts = NOMINAL, repeats: in
     try:
         args = torch.fx.map_arg(node.args, lambda a: _materialize(_val(a), generator))
         kwargs = torch.fx.map_arg(node.kwargs, lambda a: _materialize(_val(a), generator))
-        torch.set_num_threads(1)
+        set_intra_op_threads(1)
         with torch.random.fork_rng(devices=[]):  # an op drawing randomness untagged: undone
             target(*args, **kwargs)
             samples = []
@@ -126,4 +127,4 @@ def profile_cost(node: torch.fx.Node, costs: MachineCosts = NOMINAL, repeats: in
     except Exception:
         return flops_cost(node, costs)
     finally:
-        torch.set_num_threads(threads)
+        set_intra_op_threads(threads)
