@@ -13,7 +13,7 @@ import torch
 from tests.conftest import assert_same, compile_model, graph_of
 
 import airstream
-from airstream import passes
+from airstream import passes, torch_internals
 from airstream.bench.models import Branches, Mlp, MoEShared
 from airstream.bench.moe import MoE
 
@@ -367,6 +367,12 @@ def test_the_shared_expert_is_found_by_structure(arch_name: str) -> None:
     assert routed and not set(routed) & found
 
 
+@pytest.mark.skipif(
+    torch_internals.torch_release()[:2] < (2, 13),
+    reason="on torch < 2.13 transformers runs Qwen2-MoE's experts as a per-expert loop (416 "
+    "nodes, not 283), where the list schedule is predicted faster (1.11x vs 1.04x) and wins; "
+    "role placement on 2.11: test_auto_streams_roles_share_one_side_stream_at_two_streams",
+)
 def test_auto_streams_places_the_shared_expert_on_one_stream_per_role() -> None:
     arch, graph, decision = _auto_on("qwen2_moe", min_gain=0.5, max_streams=3)
     assert decision.applied and "shared expert beside routing x2 of 2 on auto_shared" in (

@@ -17,6 +17,7 @@ from tests.conftest import assert_same, compile_model
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import airstream
+from airstream import torch_internals
 from airstream.runtime.cpu import CpuExecutor
 from airstream.runtime.workers import worker_count
 from airstream.schedule import assign_streams
@@ -52,10 +53,23 @@ def _run_threads(target: Any, n: int, timeout: float = 120) -> list[BaseExceptio
     return errors
 
 
+# torch 2.11's Dynamo recompiles a function called from several threads at once now and then
+# (a BACKEND_MATCH guard failure, pytorch/pytorch#168373), and a call made while another thread
+# compiles fails there ("Detected that you are using FX to symbolically trace a
+# dynamo-optimized function"): README, Supported torch versions.
+_DYNAMO_THREAD_SAFE = torch_internals.torch_release()[:2] >= (2, 13)
+
+
+@pytest.mark.skipif(
+    not _DYNAMO_THREAD_SAFE, reason="torch 2.11's Dynamo recompiles concurrent callers"
+)
 def test_faults_on_both_streams_under_concurrency() -> None:
     compiled, _ = compile_model(_TwoFaultable())
     good = torch.rand(16)
+    # both graphs the callers need (Dynamo guards on `x is y`), compiled before the threads
+    # start: on torch 2.11 a call while another thread compiles fails inside Dynamo
     compiled(good, good)
+    compiled(good, good.clone())
 
     def caller(i: int) -> None:
         rng = random.Random(i)

@@ -197,10 +197,12 @@ def test_supported_range_is_the_declared_dependency() -> None:
 @pytest.mark.parametrize(
     ("version", "supported"),
     [
+        ("2.11.0+cu130", True),
+        ("2.12.1", True),
         ("2.13.0+cpu", True),
         ("2.15.0", True),
         ("2.15.2", True),
-        ("2.12.1", False),
+        ("2.10.2", False),
         ("2.16.0.dev20261201", False),
         ("3.0.0", False),
     ],

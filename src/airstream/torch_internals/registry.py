@@ -21,9 +21,9 @@ from airstream.errors import TorchSupportError
 
 # The torch releases airstream supports; pyproject.toml's dependency says the same (checked by
 # tests/test_torch_internals.py). TESTED_TORCH: the versions CI runs the test suite on.
-SUPPORTED_TORCH = ">=2.13,<2.16"
-TESTED_TORCH = ("2.13.0", "2.15.0")
-_FLOOR, _CEILING = (2, 13), (2, 16)
+SUPPORTED_TORCH = ">=2.11,<2.16"
+TESTED_TORCH = ("2.11.0", "2.15.0")
+_FLOOR, _CEILING = (2, 11), (2, 16)
 
 GROUPS: Mapping[str, str] = {
     "import": "importing airstream",

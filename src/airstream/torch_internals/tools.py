@@ -17,6 +17,7 @@ from airstream.torch_internals.registry import (
     _attr,
     _feature,
     _get,
+    _takes,
 )
 
 _COLLECTIVE_OPS = (
@@ -54,15 +55,23 @@ def flop_formula(target: Any) -> Callable[..., Any] | None:
 
 @_feature(
     "size_hints",
-    "torch.fx.experimental.symbolic_shapes.optimization_hint(symint, fallback=)",
+    "torch.fx.experimental.symbolic_shapes.optimization_hint(symint, fallback=) (torch >= 2.13; "
+    "size_hint on 2.11 and 2.12)",
     "auto-streams",
     "reading a symbolic size's example value in cost models without installing a guard (int() "
     "would pin the dimension, and every new size would recompile)",
 )
 def _probe_size_hints() -> Callable[..., int]:
-    hint: Callable[..., int] = _attr("torch.fx.experimental.symbolic_shapes:optimization_hint")
-    if hint(7) != 7:
-        raise AttributeError("optimization_hint(7) is not 7")
+    # torch 2.13 renamed size_hint (a hint that installs no guard) to optimization_hint
+    names = ("optimization_hint", "size_hint")
+    module = "torch.fx.experimental.symbolic_shapes"
+    found = [_attr(f"{module}:{n}") for n in names if hasattr(importlib.import_module(module), n)]
+    if not found:
+        raise AttributeError(f"{module} has neither {' nor '.join(names)}")
+    hint: Callable[..., int] = found[0]
+    _takes(hint, "fallback")
+    if hint(7, fallback=1) != 7:
+        raise AttributeError(f"{hint.__name__}(7) is not 7")
     return hint
 
 
