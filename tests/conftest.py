@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import settings
 
 import airstream
 from airstream.backend import AirstreamBackend, CompiledGraph
@@ -17,16 +18,72 @@ from airstream.backend import AirstreamBackend, CompiledGraph
 os.environ.setdefault("AIRSTREAM_COSTS", "nominal")
 
 
+# Two test sets. The default set (`python -m pytest -q -n auto`) keeps every code path and runs
+# in a few minutes on 2 cores; `--runslow` adds the tests marked slow (the full suite, what CI
+# runs on the newest torch) and Hypothesis' full example counts. Each slow test names its fast
+# representative: a default-set test that reaches the same code path (checked at collection).
+settings.register_profile("default", max_examples=5)
+settings.register_profile("full", max_examples=60)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--runslow", action="store_true", default=False, help="run slow tests")
+    parser.addoption(
+        "--runslow",
+        action="store_true",
+        default=False,
+        help="the full suite: also the tests marked slow, and Hypothesis' full example counts",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # before the test modules are imported: their @settings inherit the profile's counts
+    if config.getoption("--hypothesis-profile", None) is None:
+        settings.load_profile("full" if config.getoption("--runslow") else "default")
+
+
+def slow(why: str, fast: str) -> pytest.MarkDecorator:
+    """Mark a test slow: skipped unless ``--runslow``. ``why`` says what makes it slow; ``fast``
+    names the default-set test (``tests/<file>.py::<test>``, parameters left out) that reaches
+    the same code path."""
+    return pytest.mark.slow(reason=f"{why}; fast representative: {fast}", fast=fast)
+
+
+def _check_representatives(items: list[pytest.Item]) -> None:
+    """Every slow test's representative exists and is in the default set, wherever its file
+    was collected (a run of one file checks that file's)."""
+    by_function: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        by_function.setdefault(item.nodeid.split("[")[0], []).append(item)
+    files = {nodeid.split("::")[0] for nodeid in by_function}
+    problems = []
+    for item in items:
+        mark = item.get_closest_marker("slow")
+        if mark is None:
+            continue
+        fast = mark.kwargs.get("fast")
+        if not fast:
+            problems.append(f"{item.nodeid}: slow without a fast representative (use slow())")
+            continue
+        if fast.split("::")[0] not in files:
+            continue
+        found = by_function.get(fast, [])
+        if not found:
+            problems.append(f"{item.nodeid}: its fast representative {fast} does not exist")
+        elif all(f.get_closest_marker("slow") is not None for f in found):
+            problems.append(f"{item.nodeid}: its fast representative {fast} is slow too")
+    if problems:
+        raise pytest.UsageError("slow tests:\n  " + "\n  ".join(problems))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    skip_slow = pytest.mark.skip(reason="slow: run with --runslow")
+    _check_representatives(items)
+    if not config.getoption("--runslow"):  # outside the default set: deselected, not skipped
+        slow_items = [item for item in items if "slow" in item.keywords]
+        if slow_items:
+            config.hook.pytest_deselected(items=slow_items)
+            items[:] = [item for item in items if "slow" not in item.keywords]
     skip_cuda = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
-        if "slow" in item.keywords and not config.getoption("--runslow"):
-            item.add_marker(skip_slow)
         if "cuda" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_cuda)
 

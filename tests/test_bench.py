@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.conftest import slow
 
 from airstream.bench.overhead import format_overhead, run_overhead
 
@@ -71,6 +72,10 @@ def test_batched_experts_report_structure() -> None:
     assert "split per expert, 2 streams" in report["ms"]
 
 
+@slow(
+    "Inductor and max-autotune runners compile C++ kernels",
+    "tests/test_bench.py::test_modes_report_structure_without_inductor",
+)
 def test_modes_report_structure() -> None:
     from airstream.bench.modes import format_modes, run_modes
 
@@ -93,7 +98,33 @@ def test_modes_report_structure() -> None:
     assert "max-autotune" in format_modes(report)
 
 
+def test_modes_report_structure_without_inductor() -> None:
+    from airstream.bench.modes import format_modes, run_modes
+
+    report = run_modes(
+        "branches-pointwise",
+        modes=("reduce-overhead",),
+        tokens=2,
+        hidden=16,
+        rounds=1,
+        calls=1,
+        inductor=False,
+        compile_times=False,
+    )
+    assert set(report["ms"]) == {
+        "eager",
+        "airstream reduce-overhead 1 stream",
+        "airstream reduce-overhead 2 streams",
+    }
+    assert report["streams_used"]["airstream reduce-overhead 2 streams"] == 2
+    assert "reduce-overhead" in format_modes(report)
+
+
 @pytest.mark.distributed
+@slow(
+    "2 gloo ranks, 4 runners compiled in each",
+    "tests/test_distributed.py::test_collectives_on_two_streams_match_a_single_process",
+)
 def test_tp_report_structure() -> None:
     from airstream.bench.tp import format_tp, run_tp
 
@@ -131,6 +162,10 @@ _TINY_QWEN2_MOE = (
 )
 
 
+@slow(
+    "a transformers model compiled by 6 runners, Inductor's C++ kernels among them",
+    "tests/test_bench.py::test_serving_loop_report_structure",
+)
 def test_bench_decode_checks_every_runner_and_reports_tokens_per_second(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.conftest import slow
 
 from airstream import torch_internals
 from airstream.cli import main
@@ -50,6 +51,10 @@ def test_console_script_is_installed(tmp_path: Path) -> None:
     assert (tmp_path / "airstream_demo" / "timeline.svg").exists()
 
 
+@slow(
+    "a fresh process",
+    "tests/test_openmp.py::test_airstream_run_starts_once_with_the_short_spin",
+)
 def test_module_entry() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "airstream.cli", "--help"],

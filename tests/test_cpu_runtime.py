@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 from tests import probe_ops
-from tests.conftest import assert_same, compile_model, graph_of
+from tests.conftest import assert_same, compile_model, graph_of, slow
 
 import airstream
 from airstream import torch_internals
@@ -211,6 +211,10 @@ def test_concurrent_callers_get_correct_results() -> None:
         assert len(backend.graphs) == 1, "no recompile in the callers' threads"
 
 
+@slow(
+    "many graphs compiled",
+    "tests/test_load.py::test_two_hundred_graphs_add_no_threads_beyond_the_registry",
+)
 def test_many_graphs_do_not_grow_threads() -> None:
     workers_before = worker_count()
     threads_before = threading.active_count()

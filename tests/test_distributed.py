@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from tests.conftest import slow
 
 from airstream.torch_internals import functional_collectives
 
@@ -23,6 +24,8 @@ funcol = functional_collectives()
 pytestmark = pytest.mark.distributed
 
 WORLD = 2
+# the default set's 2-rank test
+_FAST = "tests/test_distributed.py::test_collectives_on_two_streams_match_a_single_process"
 TIMEOUT_S = 120
 
 
@@ -180,7 +183,14 @@ def _run(case: str) -> dict[int, tuple[Any, ...]]:
     return out
 
 
-@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune", "run_eagerly"])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        "reduce-overhead",
+        pytest.param("max-autotune", marks=slow("2 ranks compiling C++ kernels", _FAST)),
+        pytest.param("run_eagerly", marks=slow("2 more ranks", _FAST)),
+    ],
+)
 def test_collectives_on_two_streams_match_a_single_process(mode: str) -> None:
     got = _run(f"streams:{mode}")
     want = _reference()
@@ -195,6 +205,7 @@ def test_collectives_on_two_streams_match_a_single_process(mode: str) -> None:
             torch.testing.assert_close(torch.tensor(out), want, rtol=1e-4, atol=1e-4)
 
 
+@slow("2 more ranks", _FAST)
 def test_overlap_communication_on_a_tensor_parallel_stack_matches_one_process() -> None:
     from airstream.bench.tp import TPReference
 
@@ -209,6 +220,7 @@ def test_overlap_communication_on_a_tensor_parallel_stack_matches_one_process() 
         assert on_comm.count("_c10d_functional.wait_tensor.default") == 2, on_comm
 
 
+@slow("2 more ranks, forward and backward", _FAST)
 def test_a_training_step_over_two_ranks_gives_the_single_process_gradients() -> None:
     from airstream.bench.tp import TPReference, layer_weights
 
@@ -246,6 +258,7 @@ def test_a_training_step_over_two_ranks_gives_the_single_process_gradients() -> 
                 )
 
 
+@slow("2 more ranks, 3 modes each", _FAST)
 def test_all_gather_reduce_scatter_all_to_all_and_all_reduce_on_three_streams() -> None:
     got = _run("all-collectives")
     for rank in range(WORLD):
@@ -256,6 +269,7 @@ def test_all_gather_reduce_scatter_all_to_all_and_all_reduce_on_three_streams() 
             assert result[mode + " collective syncs"] == 3, (rank, mode, result)
 
 
+@slow("torchrun starting 2 fresh ranks", _FAST)
 def test_the_tp_example_runs_under_torchrun() -> None:
     import subprocess
     import sys

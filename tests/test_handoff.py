@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.conftest import assert_same
+from tests.conftest import assert_same, slow
 
 import airstream
 from airstream.runtime import cpu, handoff
@@ -136,7 +136,17 @@ class _TwoSleeps(torch.nn.Module):
         return c + x
 
 
-@pytest.mark.parametrize("kind", ["team", "flags", "locks"])
+_CTRL_C = "tests/test_handoff.py::test_ctrl_c_reaches_a_caller_waiting_at_the_join"
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "team",
+        pytest.param("flags", marks=slow("a 2 s sleep on a side stream, interrupted", _CTRL_C)),
+        pytest.param("locks", marks=slow("a 2 s sleep on a side stream, interrupted", _CTRL_C)),
+    ],
+)
 @pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs signal.pthread_kill")
 def test_ctrl_c_reaches_a_caller_waiting_at_the_join(
     kind: str, monkeypatch: pytest.MonkeyPatch

@@ -8,22 +8,30 @@ graph counts are compared with aot_eager's for the same calls.
 from __future__ import annotations
 
 import pytest
+from tests.conftest import slow
 
 from airstream.selftest.models import ARCHS, applies, format_table, run_case, run_suite
 
+_FAST = "tests/test_models.py::test_model_case_matches_eager"
 CASES = [
     ("llama", "forced"),  # every third op on a side stream: the planner's syncs on a real graph
-    ("llama", "two_lengths"),  # a second sequence length: dynamic shapes, no extra recompile
+    pytest.param(  # a second sequence length: dynamic shapes, no extra recompile
+        "llama", "two_lengths", marks=slow("a second compile with dynamic shapes", _FAST)
+    ),
     ("qwen2_moe", "shared_expert"),  # the shared expert beside routing
-    ("qwen2_moe", "auto_streams"),
+    pytest.param("qwen2_moe", "auto_streams", marks=slow("another MoE compile", _FAST)),
     ("deepseek_v3", "shared_expert"),
-    ("deepseek_v3", "generate"),  # greedy decoding with the KV cache: the same tokens
-    ("gpt2", "max-autotune"),  # Inductor segments, with DynamicCache's constant tensor
+    pytest.param(  # greedy decoding with the KV cache: the same tokens
+        "deepseek_v3", "generate", marks=slow("prefill and 4 decode graphs, compared", _FAST)
+    ),
+    pytest.param(  # Inductor segments, with DynamicCache's constant tensor
+        "gpt2", "max-autotune", marks=slow("Inductor's C++ kernels for a whole model", _FAST)
+    ),
     ("llama", "training"),
 ]
 
 
-@pytest.mark.parametrize(("arch", "config"), CASES, ids=[f"{a}-{c}" for a, c in CASES])
+@pytest.mark.parametrize(("arch", "config"), CASES)  # ids: llama-forced, ...
 def test_model_case_matches_eager(arch: str, config: str) -> None:
     result = run_case(ARCHS[arch], config)
     assert result.status == "pass", format_table([result])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.conftest import assert_same, compile_model, count, graph_of
+from tests.conftest import assert_same, compile_model, count, graph_of, slow
 
 import airstream
 import airstream.compat.torchair as torchair
@@ -54,6 +54,10 @@ def test_guide_example_runs_with_streams_from_the_profile() -> None:
     assert streams["add"] is None and streams["sub"] is None
 
 
+@slow(
+    "a fresh process profiling a max-autotune MoE example",
+    "tests/test_torchair_compat.py::test_guide_example_runs_with_streams_from_the_profile",
+)
 def test_moe_shared_example_overlaps_the_shared_expert() -> None:
     out, events = _run_example("torchair_moe_shared.py")
     assert "result equals eager: True" in out
@@ -61,6 +65,10 @@ def test_moe_shared_example_overlaps_the_shared_expert() -> None:
     assert any(name.startswith("addmm") for name in shared) and len(shared) >= 4
 
 
+@slow(
+    "a fresh process running the guide example under airstream run",
+    "tests/test_help.py::test_run_torchair_says_what_ran_where",
+)
 def test_runner_cli_prints_the_device_and_the_result(tmp_path: Path) -> None:
     result = subprocess.run(
         [
@@ -409,7 +417,20 @@ def test_the_torchair_logger(caplog: pytest.LogCaptureFixture) -> None:
     ]
 
 
-@pytest.mark.parametrize(("debug", "level"), [("", "ERROR"), ("1", "DEBUG")])
+@pytest.mark.parametrize(
+    ("debug", "level"),
+    [
+        ("", "ERROR"),
+        pytest.param(
+            "1",
+            "DEBUG",
+            marks=slow(
+                "a fresh process under airstream run",
+                "tests/test_torchair_compat.py::test_the_torchair_logger_under_run_torchair",
+            ),
+        ),
+    ],
+)
 def test_the_torchair_logger_under_run_torchair(tmp_path: Path, debug: str, level: str) -> None:
     """``import torchair`` / ``from torchair.core.utils import logger`` in an unmodified script;
     TORCH_COMPILE_DEBUG=1 at import makes it DEBUG, as in TorchAir."""
@@ -511,13 +532,30 @@ def test_torchair_options_in_torch_compile() -> None:
         bad(x)
 
 
-def test_doc_style_script_with_backend_npu_and_the_npu_profiler(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "warm",
+    [
+        True,
+        pytest.param(
+            False,
+            marks=slow(
+                "as in TorchAir's docs, the first call compiles under the profiler with stacks "
+                "(about 30 s)",
+                "tests/test_torchair_compat.py::"
+                "test_doc_style_script_with_backend_npu_and_the_npu_profiler",
+            ),
+        ),
+    ],
+    ids=["compiled-before-profiling", "as-in-the-docs"],
+)
+def test_doc_style_script_with_backend_npu_and_the_npu_profiler(tmp_path: Path, warm: bool) -> None:
     script = tmp_path / "script.py"
     script.write_text(
         "import torch, torch_npu, torchair\n"
         "opt = torch.compile(lambda x: x.exp(), backend='npu')\n"
         "x = torch.randn(3).npu()\n"
-        "with torch_npu.profiler.profile(\n"
+        + ("opt(x)\n" if warm else "")
+        + "with torch_npu.profiler.profile(\n"
         "        activities=[torch_npu.profiler.ProfilerActivity.NPU,\n"
         "                    torch_npu.profiler.ProfilerActivity.CPU],\n"
         "        with_stack=True,\n"

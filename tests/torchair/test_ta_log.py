@@ -15,7 +15,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tests.conftest import slow
 from tests.torchair.conftest import upstream
+
+# each test is a fresh process through airstream run --torchair; the default set keeps one
+_FAST = "tests/torchair/test_ta_log.py::test_basic"
 
 LOGLEVEL_ST = "tests/st/torchair_loglevel_st.py::"
 DEBUG_ST = "tests/st/torchair_debug_log_st.py::"
@@ -134,6 +138,7 @@ def _check_no_torchair_debug_dir(tmp_path: Path, res: subprocess.CompletedProces
     assert not [p for p in tmp_path.rglob("torchair") if p.is_dir()]
 
 
+@slow("a fresh process compiling forward and backward for 2 dtypes", _FAST)
 @upstream(DEBUG_ST + "test_no_input_torch_compile_debug")
 def test_no_input_torch_compile_debug(tmp_path):
     res = _run_script(tmp_path, _DEBUG_SCRIPT.format(set_env=""), {})
@@ -142,6 +147,7 @@ def test_no_input_torch_compile_debug(tmp_path):
     assert "torchair logger level: ERROR" in res.stdout
 
 
+@slow("a fresh process compiling forward and backward for 2 dtypes", _FAST)
 @upstream(DEBUG_ST + "test_torch_compile_debug_is_true")
 def test_torch_compile_debug_is_true(tmp_path):
     # Only "1" turns TorchAir's debug dump on. The value is set after torch is imported: torch
