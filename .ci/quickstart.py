@@ -2,9 +2,6 @@
 
     python .ci/quickstart.py commands   the README's quick-start lines, one per line
     python .ci/quickstart.py versions   the torch versions CI tests (TESTED_TORCH), floor first
-    python .ci/quickstart.py packages   what `pip install -e ".[test]"` installs besides torch
-                                        (pyproject.toml's dependencies and test extra), for CI's
-                                        wheel cache
 
 The quick start is the fenced block right after the ``<!-- ci:quick-start -->`` marker in
 README.md; CI runs its lines word for word, so the README cannot drift from what CI proves.
@@ -13,9 +10,7 @@ README.md; CI runs its lines word for word, so the README cannot drift from what
 from __future__ import annotations
 
 import ast
-import re
 import sys
-import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,21 +45,11 @@ def tested_versions() -> list[str]:
     raise SystemExit("TESTED_TORCH not found in src/airstream/torch_internals/registry.py")
 
 
-def packages() -> list[str]:
-    """pyproject.toml's dependencies and its ``test`` extra, torch left out (CI caches torch's
-    wheels per tested version)."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = [*project["dependencies"], *project["optional-dependencies"]["test"]]
-    return [r for r in wanted if re.match(r"[A-Za-z0-9_.-]+", r).group(0) != "torch"]  # type: ignore[union-attr]
-
-
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else ""
     if what == "commands":
         print("\n".join(quick_start()))
     elif what == "versions":
         print("\n".join(sorted(tested_versions(), key=lambda v: tuple(map(int, v.split("."))))))
-    elif what == "packages":
-        print("\n".join(packages()))
     else:
         raise SystemExit(__doc__)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import logging
 import os
 from typing import Any
@@ -399,8 +400,10 @@ def _module_nodes(gm: torch.fx.GraphModule, module: str) -> set[torch.fx.Node]:
     return set(passes.select_nodes(gm, module=module))
 
 
+@functools.cache
 def _post_grad_graph(arch_name: str) -> tuple[Any, torch.fx.GraphModule]:
-    """A model suite architecture and the graph a pass sees for it (12 positions)."""
+    """A model suite architecture and the graph a pass sees for it (12 positions), compiled
+    once per process and shared by the tests that read it (none of them changes it)."""
     from airstream.selftest.models import ARCHS, _inputs
 
     arch = ARCHS[arch_name]

@@ -7,6 +7,7 @@ import random
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.conftest import slow
 
 from airstream.selftest import fuzz
 
@@ -51,7 +52,11 @@ def test_a_hang_fails_instead_of_blocking() -> None:
     never.set()
 
 
-@settings(deadline=None, derandomize=True)
+@slow(
+    "each program compiles C++ kernels (40 programs)",
+    "tests/test_fuzz.py::test_max_autotune_fuzzing_compiles_segments",
+)
+@settings(max_examples=min(40, settings.default.max_examples), deadline=None, derandomize=True)
 @given(st.randoms(use_true_random=False))
 def test_random_stream_programs_under_max_autotune_match_the_aten_path(rng: random.Random) -> None:
     program = fuzz.draw_program(rng, max_steps=16)

@@ -20,14 +20,21 @@ CASES = [
     ),
     ("qwen2_moe", "shared_expert"),  # the shared expert beside routing
     pytest.param("qwen2_moe", "auto_streams", marks=slow("another MoE compile", _FAST)),
-    ("deepseek_v3", "shared_expert"),
+    pytest.param("deepseek_v3", "shared_expert", marks=slow("another MoE model", _FAST)),
     pytest.param(  # greedy decoding with the KV cache: the same tokens
         "deepseek_v3", "generate", marks=slow("prefill and 4 decode graphs, compared", _FAST)
     ),
     pytest.param(  # Inductor segments, with DynamicCache's constant tensor
         "gpt2", "max-autotune", marks=slow("Inductor's C++ kernels for a whole model", _FAST)
     ),
-    ("llama", "training"),
+    pytest.param(
+        "llama",
+        "training",
+        marks=slow(
+            "a model's forward and backward",
+            "tests/test_training.py::test_gradients_equal_eager_and_markers_stay_in_forward",
+        ),
+    ),
 ]
 
 
@@ -41,6 +48,7 @@ def test_model_case_matches_eager(arch: str, config: str) -> None:
         assert result.side_streams >= 1, "the configuration placed work on a side stream"
 
 
+@slow("BERT's forward and backward, compiled and with aot_eager", _FAST)
 def test_a_difference_torch_makes_without_airstream_is_classified_as_such() -> None:
     """BERT's pooler is not in the loss: eager leaves its gradient None, AOTAutograd (with or
     without airstream) makes zeros. That is torch's, and the table says so."""

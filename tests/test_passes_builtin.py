@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import torch
-from tests.conftest import assert_same, compile_model, count, graph_of, targets
+from tests.conftest import assert_same, compile_model, count, graph_of, slow, targets
 
 import airstream
 from airstream.passes.builtin import BUILTIN_PASSES
@@ -237,6 +237,10 @@ def test_copies_that_would_share_memory_are_kept() -> None:
     assert count(graph_of(backend, "inference").graph_module, aten.clone.default) == 1
 
 
+@slow(
+    "C++ kernels for 3 unsigned dtypes",
+    "tests/test_backend.py::test_max_autotune_runs_without_warning",
+)
 def test_wide_unsigned_dtypes_run_as_compiled_code_in_max_autotune() -> None:
     config = airstream.CompilerConfig()
     config.mode = "max-autotune"

@@ -46,6 +46,10 @@ def _run_example(name: str) -> tuple[str, list[list[str | None]]]:
     return result.stdout, json.loads(line[4:])
 
 
+@slow(
+    "a fresh process profiling the guide example",
+    "tests/test_help.py::test_run_torchair_says_what_ran_where",
+)
 def test_guide_example_runs_with_streams_from_the_profile() -> None:
     out, events = _run_example("torchair_guide.py")
     assert "result equals eager: True" in out
@@ -56,7 +60,7 @@ def test_guide_example_runs_with_streams_from_the_profile() -> None:
 
 @slow(
     "a fresh process profiling a max-autotune MoE example",
-    "tests/test_torchair_compat.py::test_guide_example_runs_with_streams_from_the_profile",
+    "tests/test_help.py::test_run_torchair_says_what_ran_where",
 )
 def test_moe_shared_example_overlaps_the_shared_expert() -> None:
     out, events = _run_example("torchair_moe_shared.py")
@@ -420,14 +424,11 @@ def test_the_torchair_logger(caplog: pytest.LogCaptureFixture) -> None:
 @pytest.mark.parametrize(
     ("debug", "level"),
     [
-        ("", "ERROR"),
         pytest.param(
-            "1",
-            "DEBUG",
-            marks=slow(
-                "a fresh process under airstream run",
-                "tests/test_torchair_compat.py::test_the_torchair_logger_under_run_torchair",
-            ),
+            "", "ERROR", marks=slow("a fresh process", "tests/torchair/test_ta_log.py::test_basic")
+        ),
+        pytest.param(
+            "1", "DEBUG", marks=slow("a fresh process", "tests/torchair/test_ta_log.py::test_basic")
         ),
     ],
 )
