@@ -52,6 +52,10 @@ def test_the_install_step_is_offline_and_keeps_what_is_installed() -> None:
     assert name == "install"
     for flag in ("--no-deps", "--no-build-isolation", "--no-index"):
         assert flag in command
+    problem = check.build_problem()
+    if problem is not None:  # the step is skipped, saying why (Python's own setuptools 65)
+        assert problem.startswith("setuptools ") and "builds an editable install only" in problem
+        return
     # pip resolves the same command without reaching any index (what the GPU machine allows)
     done = subprocess.run(
         [*command[:-2], "--dry-run", "-e", str(ROOT)],
