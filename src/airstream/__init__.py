@@ -15,6 +15,7 @@ from airstream.config import CompilerConfig
 from airstream.debug.profile import profile
 from airstream.errors import ConfigError, PassError, StreamError, TorchSupportError
 from airstream.explain import explain
+from airstream.ops.native import current_stream
 from airstream.ops.stream import stream
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "ops",
     "passes",
     "profile",
+    "current_stream",
     "stream",
 ]
 

@@ -32,6 +32,7 @@ from airstream.effects import effects
 from airstream.errors import AirstreamError, ConfigError
 from airstream.observers import CompileObserver, Observers
 from airstream.openmp import openmp
+from airstream.ops.native import NativeStreams, attach_native_streams
 from airstream.passes.manager import PassManager, PassResult, pass_name
 from airstream.passes.tagged_events import lower_tagged_events
 from airstream.runtime.codegen import Executor
@@ -41,6 +42,7 @@ from airstream.runtime.cuda_graphs import CudaGraphExecutor
 from airstream.runtime.data_dump import DataDumpExecutor
 from airstream.runtime.serial import SerialExecutor
 from airstream.schedule.fuse import CompiledSegment, fuse_streams
+from airstream.schedule.native import has_native_streams, lower_native_streams
 from airstream.schedule.plan import StreamPlan, build_plan
 from airstream.schedule.streams import StreamAssignment, assign_streams
 
@@ -130,12 +132,14 @@ class GraphCompiler:
         config: CompilerConfig,
         kind: str | None,
         observer: CompileObserver | None = None,
+        native: NativeStreams | None = None,
     ) -> None:
         if kind is not None and kind not in GRAPH_KINDS:
             raise ValueError(f"graph kind must be one of {GRAPH_KINDS}, got {kind!r}")
         self.config = config
         self.kind = kind
         self.observer = observer
+        self.native = native  # the Dynamo graph's streams and events, shared by its graphs
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Executor:
         torch_internals.require("core")
@@ -146,9 +150,15 @@ class GraphCompiler:
             dumper = dumper_for(config)
             observer = DumpObserver(dumper) if dumper is not None else CompileObserver()
         single = config.ge_config.enable_single_stream
+        native = self.native
+        if native is not None:
+            attach_native_streams(gm, native)
         labels = functools.partial(_stream_labels, single_stream=single, graph_kind=kind)
         results = PassManager(config, observer, labels).run(gm, example_inputs, kind)
         lower_tagged_events(gm)
+        if has_native_streams(gm):  # what passes wrote in PyTorch's stream IR
+            native = native if native is not None else NativeStreams.from_registry()
+            lower_native_streams(gm, native, graph_kind=kind)
         streams = assign_streams(gm, single_stream=single, graph_kind=kind)
         plan = build_plan(gm, streams)
         segments: tuple[CompiledSegment, ...] = ()
@@ -266,11 +276,15 @@ class AirstreamBackend:
                 self.dumpers.append(dumper)
             subscribers.append(DumpObserver(dumper))
         observer = Observers(subscribers)
+        native = None
+        if has_native_streams(gm):  # before AOTAutograd, which would act on Dynamo's form
+            native = NativeStreams.from_registry()
+            lower_native_streams(gm, native, graph_kind="Dynamo")
         observer.graph_traced(gm)
         aot = torch_internals.aot_autograd(
-            fw_compiler=GraphCompiler(config, "forward", observer),
-            bw_compiler=GraphCompiler(config, "backward", observer),
-            inference_compiler=GraphCompiler(config, "inference", observer),
+            fw_compiler=GraphCompiler(config, "forward", observer, native),
+            bw_compiler=GraphCompiler(config, "backward", observer, native),
+            inference_compiler=GraphCompiler(config, "inference", observer, native),
             decompositions=self.decompositions,
             partition_fn=_keep_air_ops_in_forward,
             keep_inference_input_mutations=config.experimental_config.keep_inference_input_mutations,

@@ -32,6 +32,12 @@ from airstream.ops.library import (
     wait,
     wait_tensor,
 )
+from airstream.ops.native import (
+    NativeStreams,
+    innermost_annotation,
+    native_index,
+    native_streams_of,
+)
 from airstream.ops.stream import STREAM_ANNOTATION, STREAM_PRIORITY_ANNOTATION
 from airstream.torch_internals import stream_annotations
 
@@ -86,6 +92,17 @@ class _Scope:
     node: torch.fx.Node
     label: str | None
     attrs: dict[str, str]
+    native: int | None = None  # the native stream its scope_enter was traced under
+
+
+def _native_label(node: torch.fx.Node, index: int, table: NativeStreams | None) -> str | None:
+    """The label of the native stream at registry ``index`` (``stream<i>`` without a table)."""
+    if table is None:
+        return f"stream{index}"
+    try:
+        return table.label(index)
+    except KeyError as exc:
+        raise StreamError(f"{describe(node)}: {exc.args[0]}") from None
 
 
 def _parse_enter(node: torch.fx.Node) -> _Scope:
@@ -147,8 +164,13 @@ def _check_wait_tensor(node: torch.fx.Node) -> None:
             )
 
 
-def _annotation(node: torch.fx.Node) -> tuple[str | None, int | None]:
+def _annotation(
+    node: torch.fx.Node, table: NativeStreams | None
+) -> tuple[str | None, int | None]:
     custom = stream_annotations(node)
+    innermost = innermost_annotation(node)
+    if innermost is not None and innermost[0] == "native":
+        return _native_label(node, innermost[1], table), None
     label = custom.get(STREAM_ANNOTATION)
     if label is not None and (not isinstance(label, str) or not label):
         raise StreamError(
@@ -167,6 +189,7 @@ def assign_streams(
     Also records the non-stream scope keys of each node in ``node.meta["air_scope"]``.
     """
     stack: list[_Scope] = []
+    table = native_streams_of(gm)
     stream_of: dict[str, str | None] = {}
     priorities: dict[str, int] = {}
     scope_attrs: dict[str, dict[str, str]] = {}
@@ -194,12 +217,20 @@ def assign_streams(
                     f"scope_enter and scope_exit are called in pairs. {_GRAPH_BREAK_HINT}"
                 )
             stack.pop()
-        label = next((s.label for s in reversed(stack) if s.label is not None), None)
+        scope = next((s for s in reversed(stack) if s.label is not None), None)
+        label = scope.label if scope is not None else None
         marker = node.target in (scope_enter, scope_exit)  # on the stream around its scope
-        if label is None and not marker:  # outside every stream scope: the annotation decides
-            label, priority = _annotation(node)
+        native = native_index(node)
+        if scope is not None:
+            # a native block entered inside the scope is inner; one entered around it is not
+            if native is not None and native != scope.native:
+                label = _native_label(node, native, table)
+        elif not marker:  # outside every stream scope: the innermost annotation decides
+            label, priority = _annotation(node, table)
             if label is not None and not single_stream:
                 note_priority(node, label, priority)
+        elif native is not None:  # a marker inside a native block only
+            label = _native_label(node, native, table)
         producer = node.args[0] if node.target is operator.getitem and node.args else None
         if isinstance(producer, torch.fx.Node) and producer.name in stream_of:
             label = stream_of[producer.name]  # tuple indexing runs with its producer
@@ -214,13 +245,14 @@ def assign_streams(
             scope_attrs[node.name] = attrs
             node.meta["air_scope"] = dict(attrs)
         if node.target is scope_enter:
-            scope = _parse_enter(node)
-            if scope.label is not None:
-                raw = scope.attrs.pop(STREAM_PRIORITY_KEY, None)
+            opened = _parse_enter(node)
+            opened.native = native
+            if opened.label is not None:
+                raw = opened.attrs.pop(STREAM_PRIORITY_KEY, None)
                 prio = None if raw is None else _parse_priority(node, raw)
                 if not single_stream:
-                    note_priority(node, scope.label, prio)
-            stack.append(scope)
+                    note_priority(node, opened.label, prio)
+            stack.append(opened)
         elif node.target is wait:
             _check_wait(node)
         elif node.target is wait_tensor:

@@ -178,6 +178,14 @@ def stack_trace(node: torch.fx.Node) -> str | None:
     return node.meta.get("stack_trace")
 
 
+def copy_trace_meta(source: torch.fx.Node, dest: torch.fx.Node) -> None:
+    """Give ``dest`` the source line and module path ``source`` was traced from (for a node a
+    rewrite adds in its place)."""
+    for key in ("stack_trace", "nn_module_stack", "fwd_nn_module_stack"):
+        if key in source.meta:
+            dest.meta[key] = source.meta[key]
+
+
 def stream_annotations(node: torch.fx.Node) -> Mapping[str, Any]:
     """The node's ``torch.fx.traceback.annotate`` annotations (``{}`` when none)."""
     return node.meta.get("custom") or {}

@@ -39,6 +39,7 @@ GROUPS: Mapping[str, str] = {
     "patterns": "registered pattern replacements (airstream.passes.Replacements)",
     "reinplace": "experimental_config.reinplace_input_mutations (custom ops writing inputs)",
     "torchair": "the TorchAir compat layer (`airstream run --torchair`, set_dim_gears)",
+    "native-streams": "torch.Stream, torch.Event and wait_stream in compiled model code",
     # reporting only: a missing one warns once and the report says "unknown"; nothing fails
     "diagnostics": "reports (cache hits, the graph-break warning, `airstream doctor`)",
 }

@@ -1,0 +1,261 @@
+"""Native streams: the ``torch.Stream`` / ``torch.Event`` objects a compiled graph uses, and the
+``air`` ops that act on them.
+
+A Dynamo graph names each stream and event by an index into Dynamo's registry of the objects it
+uses (:mod:`airstream.torch_internals.streams`). :class:`NativeStreams` is that table as
+airstream reads it while the graph compiles: each stream's airstream label (the variable the model
+used, ``alt_stream``; the caller's current stream is the main stream, label ``None``), each
+object's device, and, on CUDA, how to find the caller's own object for a call.
+
+Ordering between streams becomes airstream's own ``record``/``wait`` (``schedule/native.py``).
+What only the user's own objects can do is left as one of the ops below, kept in place on its
+stream like TorchAir's tagged events: recording the user's event so that code outside the
+compiled region sees it, waiting for an event recorded outside it, the host synchronizes and
+``record_stream``. They act on CUDA objects only; for CPU objects the lowering never emits them
+(the host runs everything before the call, and a CPU tensor's memory is kept by its references).
+
+    air::native_event_record(int event) -> ()        # record the user's event here
+    air::native_event_wait(int event) -> ()          # this stream waits for it
+    air::native_event_synchronize(int event) -> ()   # the host waits for it
+    air::native_stream_synchronize(int stream) -> () # the host waits for the user's stream
+    air::native_device_synchronize() -> ()           # the host waits for the device
+    air::native_record_stream(Tensor t, int stream) -> ()  # Tensor.record_stream
+
+Eager kernels do nothing: these ops exist only in graphs airstream lowers and runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.fx.node import has_side_effect
+
+from airstream import torch_internals
+from airstream.ops.stream import STREAM_ANNOTATION
+
+__all__ = [
+    "NATIVE_OPS",
+    "NATIVE_STREAM_ANNOTATION",
+    "attach_native_streams",
+    "innermost_annotation",
+    "native_streams_of",
+    "native_index",
+    "NativeStreams",
+    "current_stream",
+    "native_device_synchronize",
+    "native_event_record",
+    "native_event_synchronize",
+    "native_event_wait",
+    "native_record_stream",
+    "native_stream_synchronize",
+]
+
+_lib = torch.library.Library("air", "FRAGMENT")
+_SCHEMAS = {
+    "native_event_record": "native_event_record(int event) -> ()",
+    "native_event_wait": "native_event_wait(int event) -> ()",
+    "native_event_synchronize": "native_event_synchronize(int event) -> ()",
+    "native_stream_synchronize": "native_stream_synchronize(int stream) -> ()",
+    "native_device_synchronize": "native_device_synchronize() -> ()",
+    "native_record_stream": "native_record_stream(Tensor t, int stream) -> ()",
+}
+
+
+def _nothing(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+for _name, _schema in _SCHEMAS.items():
+    _lib.define(_schema)
+    _lib.impl(_name, _nothing, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"air::{_name}", _nothing, lib=_lib)
+
+native_event_record = torch.ops.air.native_event_record.default
+native_event_wait = torch.ops.air.native_event_wait.default
+native_event_synchronize = torch.ops.air.native_event_synchronize.default
+native_stream_synchronize = torch.ops.air.native_stream_synchronize.default
+native_device_synchronize = torch.ops.air.native_device_synchronize.default
+native_record_stream = torch.ops.air.native_record_stream.default
+NATIVE_OPS = frozenset(
+    {
+        native_event_record,
+        native_event_wait,
+        native_event_synchronize,
+        native_stream_synchronize,
+        native_device_synchronize,
+        native_record_stream,
+    }
+)
+for _op in NATIVE_OPS:
+    has_side_effect(_op)
+
+
+# ---- the annotation ------------------------------------------------------------------------------
+
+# node.meta["custom"] key: the registry index of the native stream a node was traced under. The
+# backend moves Dynamo's own key here before AOTAutograd (which would act on Dynamo's); passes
+# may write either.
+NATIVE_STREAM_ANNOTATION = "air_native_stream"
+
+
+def _index(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def native_index(node: torch.fx.Node) -> int | None:
+    """The registry index of the native stream ``node`` was traced under, or None."""
+    custom = torch_internals.stream_annotations(node)
+    found = _index(custom.get(NATIVE_STREAM_ANNOTATION))
+    return found if found is not None else torch_internals.native_stream_index(node)
+
+
+def innermost_annotation(node: torch.fx.Node) -> tuple[str, Any] | None:
+    """The innermost stream annotation of ``node``: ``("air", label)`` (``airstream.stream``) or
+    ``("native", index)`` (``with torch.Stream``), or None. Nested blocks add their keys to the
+    annotation dict in the order they were entered, so of the two kinds the later key is inner."""
+    found: tuple[str, Any] | None = None
+    for key, value in torch_internals.stream_annotations(node).items():
+        if key == STREAM_ANNOTATION:
+            found = ("air", value)
+        elif key == NATIVE_STREAM_ANNOTATION or torch_internals.is_native_stream_key(key):
+            index = _index(value)
+            if index is not None:
+                found = ("native", index)
+    return found
+
+
+# ---- the caller's current stream on CPU ---------------------------------------------------------
+
+_cpu_current = torch.Stream(device="cpu")
+
+
+def current_stream(device: torch.device | str | None = None) -> torch.Stream:
+    """The caller's current stream on ``device`` (default: the accelerator's, else CPU), as a
+    ``torch.Stream`` compiled code can use in ``wait_stream``/``Event.record``.
+
+    On CUDA (or any accelerator) this is ``torch.accelerator.current_stream()``. CPU has one
+    stream in eager PyTorch and no such call that Dynamo traces, so airstream gives it one object
+    that stands for the main stream: ``side.wait_stream(airstream.current_stream("cpu"))`` is the
+    CPU spelling of ``side.wait_stream(torch.cuda.current_stream())``."""
+    dev = torch.device(device) if device is not None else None
+    if dev is None and torch.accelerator.is_available():
+        return torch.accelerator.current_stream()
+    if dev is not None and dev.type != "cpu":
+        return torch.accelerator.current_stream(dev)
+    return _cpu_current
+
+
+# ---- the table ---------------------------------------------------------------------------------
+
+
+def _device_type(value: Any) -> str:
+    device = getattr(value, "device", None)
+    return str(getattr(device, "type", device or "cpu"))
+
+
+@dataclass
+class NativeStreams:
+    """The streams and events of one Dynamo graph (shared by its forward and backward graphs):
+    registry index -> airstream label for streams (None: the main stream), the device type of each
+    object, and the source the model read it from. Built while the graph compiles
+    (:meth:`from_registry`); an index a pass registers later is added on first lookup."""
+
+    labels: dict[int, str | None] = field(default_factory=dict)
+    events: set[int] = field(default_factory=set)
+    devices: dict[int, str] = field(default_factory=dict)
+    sources: dict[int, str | None] = field(default_factory=dict)
+    names: dict[int, str] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def from_registry(cls) -> NativeStreams:
+        """The objects Dynamo's registry holds now (while a graph compiles)."""
+        table = cls()
+        table._add(torch_internals.native_objects())
+        return table
+
+    def _add(self, found: Mapping[int, torch_internals.NativeObject]) -> None:
+        taken = {label for label in self.labels.values() if label is not None}
+        for index in sorted(found):
+            if index in self.devices:
+                continue
+            obj = found[index]
+            value = obj.value
+            self.devices[index] = _device_type(value)
+            self.sources[index] = obj.source
+            is_event = isinstance(value, torch.Event) or type(value).__name__ == "Event"
+            base = torch_internals.readable_name(obj.source) or (
+                f"{'event' if is_event else 'stream'}{index}"
+            )
+            name, n = base, 2
+            while name in taken:
+                name, n = f"{base}_{n}", n + 1
+            self.names[index] = name
+            if is_event:
+                self.events.add(index)
+                continue
+            main = obj.current or value is _cpu_current
+            self.labels[index] = None if main else name
+            if not main:
+                taken.add(name)
+
+    def _refresh(self, index: int) -> None:
+        with self._lock:
+            if index not in self.devices:
+                self._add(torch_internals.native_objects())
+        if index not in self.devices:
+            raise KeyError(
+                f"airstream: no stream or event at index {index} of Dynamo's registry; native "
+                "stream indices come from Dynamo (with stream:) or "
+                "torch_internals.new_native_stream"
+            )
+
+    def is_stream(self, index: int) -> bool:
+        if index not in self.devices:
+            self._refresh(index)
+        return index in self.labels
+
+    def label(self, index: int) -> str | None:
+        """The airstream label of the stream at ``index`` (None: the main stream)."""
+        if index not in self.devices:
+            self._refresh(index)
+        if index not in self.labels:
+            raise KeyError(
+                f"airstream: index {index} of Dynamo's registry is an event, not a stream"
+            )
+        return self.labels[index]
+
+    def device(self, index: int) -> str:
+        """The device type (``cpu``, ``cuda``) of the stream or event at ``index``."""
+        if index not in self.devices:
+            self._refresh(index)
+        return self.devices[index]
+
+    def name(self, index: int) -> str:
+        """A readable name for the object at ``index``: its variable, else ``stream<i>``."""
+        if index not in self.devices:
+            self._refresh(index)
+        return self.names[index]
+
+    @property
+    def native_labels(self) -> dict[str, int]:
+        """Side-stream label -> registry index (what the CUDA runtime resolves per call)."""
+        return {label: i for i, label in self.labels.items() if label is not None}
+
+
+_TABLE_KEY = "air_native_streams"  # GraphModule.meta key: the graph's NativeStreams
+
+
+def attach_native_streams(gm: torch.fx.GraphModule, table: NativeStreams) -> None:
+    """Give ``gm`` its Dynamo graph's table (stream analysis reads it from there)."""
+    gm.meta[_TABLE_KEY] = table
+
+
+def native_streams_of(gm: torch.fx.GraphModule) -> NativeStreams | None:
+    """The table attached to ``gm``, or None."""
+    table = gm.meta.get(_TABLE_KEY)
+    return table if isinstance(table, NativeStreams) else None

@@ -1,0 +1,476 @@
+"""PyTorch's stream IR lowered to airstream's: ``torch.Stream`` blocks, ``torch.Event`` and
+``wait_stream`` in a graph become streams, ``record`` and ``wait``.
+
+What Dynamo writes (and passes may write), by torch release (``torch_internals.streams``):
+``node.meta["custom"]`` stream indices, ``torch.ops.streams.*`` ops bare or wrapped in
+``control_deps``, and torch 2.11's method calls on stream objects. :func:`lower_native_streams`
+rewrites a graph in place:
+
+- Dynamo's stream annotation moves to airstream's key (``ops/native.py``): stream analysis reads
+  it through the graph's :class:`~airstream.ops.native.NativeStreams` table, so each stream object
+  is one airstream stream (its variable's name), and AOTAutograd, which would act on Dynamo's key,
+  never sees it.
+- Each op gets its CUDA meaning in airstream's terms, at its place in program order:
+  ``record_event(e, s)`` is an ``air.record()`` on ``s`` (the event's token); ``wait_event(e, s)``
+  an ``air.wait`` on ``s`` for the event's last record before it; ``wait_stream(a, b)`` a record
+  on ``b`` and a wait on ``a``; a synchronize is a record on what it waits for and a wait on every
+  stream that runs something after it (the host waits, so all later work does); ``sync_dealloc``
+  a wait that also holds the tensor until then; ``fork``/``join`` only switch the current
+  stream, which the annotations already say.
+- What only the user's own objects can do stays as a ``native_*`` step (CUDA objects only):
+  recording the user's event, waiting for one recorded outside the graph, the host synchronizes,
+  ``record_stream``. For CPU objects there is nothing left to do: the host ran all work before the
+  call, and a CPU tensor lives as long as something reads it.
+
+Anything it cannot honour is one warning naming the source line.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+
+from airstream import torch_internals
+from airstream.errors import StreamError
+from airstream.nodes import describe, source_line
+from airstream.ops.library import STREAM_LABEL_KEY, record, scope_enter, scope_exit, wait
+from airstream.ops.native import (
+    NATIVE_STREAM_ANNOTATION,
+    NativeStreams,
+    attach_native_streams,
+    native_device_synchronize,
+    native_event_record,
+    native_event_synchronize,
+    native_event_wait,
+    native_index,
+    native_record_stream,
+    native_stream_synchronize,
+)
+from airstream.ops.stream import STREAM_ANNOTATION
+from airstream.schedule.streams import assign_streams
+
+__all__ = ["NativeLowering", "has_native_streams", "lower_native_streams"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class NativeLowering:
+    """What :func:`lower_native_streams` did: ops lowered by name, annotations moved, warnings."""
+
+    ops: dict[str, int] = field(default_factory=dict)
+    annotated: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.ops or self.annotated)
+
+
+@dataclass
+class _Op:
+    """One native op in program order: the node standing for it, its name and arguments."""
+
+    anchor: torch.fx.Node
+    name: str
+    args: tuple[Any, ...]
+    returned: dict[int, Any] | None = None  # a control_deps wrapper's getitem results
+
+
+def has_native_streams(gm: torch.fx.GraphModule) -> bool:
+    """Does ``gm`` use PyTorch's stream IR (cheap: no registry access for plain graphs)?"""
+    for node in gm.graph.nodes:
+        if native_index(node) is not None:
+            return True
+        if node.op == "call_method" and node.target in ("wait_stream", "wait_event"):
+            return True
+        if node.op == "call_function" and (
+            torch_internals.native_stream_op(node.target) is not None
+            or getattr(node.target, "__name__", None) == "get_external_object_by_index"
+            or "control_deps" in str(node.target)
+        ):
+            return True
+    return False
+
+
+def _collect(gm: torch.fx.GraphModule, report: NativeLowering) -> list[_Op]:
+    """Every native op of ``gm`` in program order, whatever form the torch release wrote."""
+    found: list[_Op] = []
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function":
+            name = torch_internals.native_stream_op(node.target)
+            if name is not None:
+                found.append(_Op(node, name, tuple(node.args)))
+                continue
+            parts = torch_internals.control_deps_parts(gm, node)
+            if parts is not None:
+                inner = torch_internals.native_stream_op(parts.target)
+                if inner is None:
+                    _unwrap(gm, node, parts)  # another side-effect op: call it in place
+                else:
+                    found.append(_Op(node, inner, parts.args, dict(parts.returned)))
+        elif node.op == "call_method":
+            call = torch_internals.native_method_call(node)
+            if call is not None:
+                found.append(_method_op(node, *call, report))
+    return found
+
+
+def _method_op(node: torch.fx.Node, method: str, objects: list[int], report: NativeLowering) -> _Op:
+    """torch 2.11's method calls as the ops later releases write."""
+    if method == "wait_stream" and len(objects) == 2:
+        return _Op(node, "wait_stream", (objects[0], objects[1]))
+    if method == "wait_event" and len(objects) == 2:
+        return _Op(node, "wait_event", (objects[1], objects[0]))
+    if method == "synchronize" and len(objects) == 1:
+        return _Op(node, "synchronize", (objects[0],))  # an event's or a stream's: decided later
+    if method == "record" and objects:
+        return _Op(node, "record_event", (objects[0], objects[1] if len(objects) > 1 else None))
+    if method == "wait" and objects:
+        return _Op(node, "wait_event", (objects[0], objects[1] if len(objects) > 1 else None))
+    return _Op(node, f"unsupported:{method}", tuple(objects))
+
+
+def _unwrap(gm: torch.fx.GraphModule, node: torch.fx.Node, parts: Any) -> None:
+    """Replace a ``control_deps`` wrapper by a direct call of the op it wraps."""
+    graph = gm.graph
+    with graph.inserting_before(node):
+        call = graph.call_function(parts.target, tuple(parts.args))
+    call.meta.update(node.meta)
+    _replace_results(node, parts.returned, call)
+    _erase_wrapper(gm, node)
+
+
+def _replace_results(node: torch.fx.Node, returned: dict[int, Any], result: Any) -> None:
+    for user in list(node.users):
+        if user.op == "call_function" and user.target is operator.getitem:
+            index = user.args[1]
+            value = result if index == 0 else returned.get(index)  # type: ignore[arg-type]
+            if isinstance(value, torch.fx.Node):
+                user.replace_all_uses_with(value)
+            user.graph.erase_node(user)
+
+
+def _erase_wrapper(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
+    sub = node.args[1] if len(node.args) > 1 else None
+    for user in list(node.users):  # a later wrapper lists this one among what it comes after
+        if user.op == "call_function" and user.args and isinstance(user.args[0], tuple):
+            user.args = (tuple(d for d in user.args[0] if d is not node), *user.args[1:])
+    node.graph.erase_node(node)
+    if isinstance(sub, torch.fx.Node) and sub.op == "get_attr" and not sub.users:
+        target = str(sub.target)
+        node.graph.erase_node(sub)
+        if hasattr(gm, target):
+            delattr(gm, target)
+
+
+@dataclass(frozen=True)
+class _Context:
+    """Where an op sits: the innermost labelled air scope around it, and the native stream its
+    scope_enter was traced under (which decides whether a native annotation inside is inner)."""
+
+    scope: str | None = None
+    scope_native: int | None = None
+
+
+def _contexts(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, _Context]:
+    stack: list[_Context] = []
+    found: dict[torch.fx.Node, _Context] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is scope_exit and stack:
+            stack.pop()
+        found[node] = stack[-1] if stack else _Context()
+        if node.target is scope_enter:
+            keys = node.kwargs.get("keys", node.args[0] if node.args else ())
+            values = node.kwargs.get("values", node.args[1] if len(node.args) > 1 else ())
+            attrs = dict(zip(keys or (), values or (), strict=False))
+            label = attrs.get(STREAM_LABEL_KEY)
+            outer = stack[-1] if stack else _Context()
+            stack.append(_Context(str(label), native_index(node)) if label else outer)
+    return found
+
+
+class _Lowerer:
+    def __init__(self, gm: torch.fx.GraphModule, table: NativeStreams, kind: str) -> None:
+        self.gm, self.graph, self.table, self.kind = gm, gm.graph, table, kind
+        self.report = NativeLowering()
+        self.last_record: dict[int, torch.fx.Node] = {}
+        self.main_index = next((i for i, label in table.labels.items() if label is None), None)
+
+    # -- placing a new node on a stream at an op's place ------------------------------------------
+
+    def _new(
+        self,
+        op: _Op,
+        target: Any,
+        args: tuple[Any, ...],
+        label: str | None,
+        index: int | None,
+        context: _Context,
+    ) -> torch.fx.Node:
+        """A call of ``target`` just before ``op``'s node, running on stream ``label`` (native
+        registry ``index``, when it has one)."""
+        graph = self.graph
+        custom: dict[str, Any] = {}
+        wrap = False
+        if context.scope is None:
+            if index is not None:
+                custom[NATIVE_STREAM_ANNOTATION] = index
+            elif label is not None:
+                custom[STREAM_ANNOTATION] = label
+        elif index is not None and index != context.scope_native:
+            custom[NATIVE_STREAM_ANNOTATION] = index
+        elif label == context.scope:
+            pass
+        elif label is not None:
+            wrap = True
+        elif self.main_index is not None and self.main_index != context.scope_native:
+            custom[NATIVE_STREAM_ANNOTATION] = self.main_index
+        else:
+            self._warn(
+                op,
+                f"it acts on the main stream inside airstream's stream scope {context.scope!r}, "
+                f"where airstream cannot place it on main; it runs on {context.scope!r}",
+            )
+        with graph.inserting_before(op.anchor):
+            if wrap:
+                graph.call_function(scope_enter, ([STREAM_LABEL_KEY], [label]))
+            node = graph.call_function(target, args)
+            if wrap:
+                graph.call_function(scope_exit, ())
+        torch_internals.copy_trace_meta(op.anchor, node)
+        if custom:
+            torch_internals.set_annotations(node, custom)
+        node.meta["air_native_op"] = op.name
+        return node
+
+    def _stream(self, op: _Op, index: Any) -> tuple[str | None, int]:
+        if not isinstance(index, int) or not self.table.is_stream(index):
+            what = "an event" if isinstance(index, int) else repr(index)
+            raise StreamError(
+                f"{describe(op.anchor)} in the {self.kind} graph: {op.name} needs a stream, got "
+                f"{what} (registry index {index})"
+            )
+        return self.table.label(index), index
+
+    def _event(self, op: _Op, index: Any) -> int:
+        if not isinstance(index, int) or self.table.is_stream(index):
+            raise StreamError(
+                f"{describe(op.anchor)} in the {self.kind} graph: {op.name} needs an event, got a "
+                f"stream (registry index {index})"
+            )
+        return index
+
+    def _on_device(self, index: int) -> bool:
+        """Is the object at ``index`` on an accelerator (where the user's own object acts)?"""
+        return self.table.device(index) != "cpu"
+
+    def _warn(self, op: _Op, what: str) -> None:
+        line = source_line(op.anchor)
+        where = f" at {line}" if line else ""
+        message = f"airstream: {op.name}{where} in the {self.kind} graph: {what}"
+        self.report.warnings.append(message)
+        warnings.warn(message, stacklevel=2)
+
+    # -- the ops ---------------------------------------------------------------------------------
+
+    def lower(self, ops: Sequence[_Op], contexts: dict[torch.fx.Node, _Context]) -> None:
+        streams = None
+        for op in ops:
+            context = contexts.get(op.anchor, _Context())
+            name = op.name
+            if name == "synchronize":  # torch 2.11: Event.synchronize or Stream.synchronize
+                stream = self.table.is_stream(op.args[0])
+                name = "synchronize_stream" if stream else "synchronize_event"
+                op = _Op(op.anchor, name, op.args, op.returned)
+            if name.startswith("synchronize") and streams is None:
+                streams = assign_streams(self.gm, graph_kind=self.kind)
+            handler = getattr(self, f"_{name}", None)
+            if handler is None:
+                self._warn(op, "airstream does not support this stream method in compiled code; "
+                           "it is left out (use Event.record/wait and Stream.wait_stream)")
+            else:
+                handler(op, context, streams)
+            self.report.ops[name] = self.report.ops.get(name, 0) + 1
+            if op.returned is not None:
+                _replace_results(op.anchor, op.returned, None)
+                _erase_wrapper(self.gm, op.anchor)
+            else:
+                self.graph.erase_node(op.anchor)
+
+    def _current(self, op: _Op, index: Any) -> Any:
+        """torch 2.11's ``Event.record()``/``wait()`` without a stream: the block's stream."""
+        if index is not None:
+            return index
+        traced = native_index(op.anchor)
+        return traced if traced is not None else self.main_index
+
+    def _record_event(self, op: _Op, context: _Context, _: Any) -> None:
+        event = self._event(op, op.args[0])
+        label, index = self._stream(op, self._current(op, op.args[1]))
+        self.last_record[event] = self._new(op, record, (), label, index, context)
+        if self._on_device(event):
+            self._new(op, native_event_record, (event,), label, index, context)
+
+    def _wait_event(self, op: _Op, context: _Context, _: Any, hold: Any = None) -> None:
+        event = self._event(op, op.args[0])
+        label, index = self._stream(op, self._current(op, op.args[1]))
+        token = self.last_record.get(event)
+        held = [hold] if isinstance(hold, torch.fx.Node) else []
+        if token is not None:
+            self._new(op, wait, ([token, *held],), label, index, context)
+            return
+        if self._on_device(event):
+            self._new(op, native_event_wait, (event,), label, index, context)
+        if held:
+            self._new(op, wait, (held,), label, index, context)
+        if self._recorded_later(op, event):
+            self._warn(
+                op,
+                f"it waits for event {self.table.name(event)!r}, which this graph records only "
+                "later: on CUDA it waits for that event's previous record (an earlier call's), "
+                "which airstream's runtime has completed when this call starts, so it waits for "
+                "nothing. Record the event before waiting for it.",
+            )
+
+    def _sync_dealloc(self, op: _Op, context: _Context, streams: Any) -> None:
+        self._wait_event(op, context, streams, hold=op.args[2] if len(op.args) > 2 else None)
+
+    def _wait_stream(self, op: _Op, context: _Context, _: Any) -> None:
+        waiting_label, waiting = self._stream(op, op.args[0])
+        waited_label, waited = self._stream(op, op.args[1])
+        if waiting_label == waited_label:
+            return  # a stream is always after its own earlier work
+        token = self._new(op, record, (), waited_label, waited, context)
+        self._new(op, wait, ([token],), waiting_label, waiting, context)
+
+    def _record_stream(self, op: _Op, context: _Context, _: Any) -> None:
+        tensor, stream = op.args[0], op.args[1]
+        _, index = self._stream(op, stream)
+        if self._on_device(index):
+            node = self._new(op, native_record_stream, (tensor, index), None, None, _Context())
+            torch_internals.set_annotations(node, torch_internals.stream_annotations(op.anchor))
+
+    def _fork(self, op: _Op, context: _Context, _: Any) -> None:
+        """A switch of the current stream: the annotations already place each node."""
+
+    _join = _fork
+
+    def _synchronize_event(self, op: _Op, context: _Context, streams: Any) -> None:
+        event = self._event(op, op.args[0])
+        token = self.last_record.get(event)
+        if token is not None:
+            self._barrier(op, context, streams, [token])
+        if self._on_device(event):
+            self._new(op, native_event_synchronize, (event,), None, self.main_index, context)
+
+    def _synchronize_stream(self, op: _Op, context: _Context, streams: Any) -> None:
+        label, index = self._stream(op, op.args[0])
+        token = self._new(op, record, (), label, index, context)
+        self._barrier(op, context, streams, [token], skip=(label,))
+        if self._on_device(index):
+            self._new(op, native_stream_synchronize, (index,), None, self.main_index, context)
+
+    def _synchronize_device(self, op: _Op, context: _Context, streams: Any) -> None:
+        labels = self._labels_before(op, streams)
+        tokens = [
+            self._new(op, record, (), label, self._index_of(label), context) for label in labels
+        ]
+        if tokens:
+            self._barrier(op, context, streams, tokens)
+        device_type = str(op.args[0]) if op.args else "cpu"
+        if device_type != "cpu":
+            self._new(op, native_device_synchronize, (), None, self.main_index, context)
+
+    # -- synchronize: every stream that runs something later waits ---------------------------------
+
+    def _index_of(self, label: str | None) -> int | None:
+        if label is None:
+            return self.main_index
+        return self.table.native_labels.get(label)
+
+    def _executed_labels(self, nodes: Any, streams: Any) -> list[str | None]:
+        labels: dict[str | None, None] = {}
+        for node in nodes:
+            if node.op == "call_function" and node.name in streams.stream_of:
+                if node.target not in (scope_enter, scope_exit, wait, record):
+                    labels[streams.stream_of[node.name]] = None
+        return list(labels)
+
+    def _labels_before(self, op: _Op, streams: Any) -> list[str | None]:
+        before = []
+        for node in self.graph.nodes:
+            if node is op.anchor:
+                break
+            before.append(node)
+        return self._executed_labels(before, streams)
+
+    def _barrier(
+        self,
+        op: _Op,
+        context: _Context,
+        streams: Any,
+        tokens: list[torch.fx.Node],
+        skip: tuple[str | None, ...] = (),
+    ) -> None:
+        after, seen = [], False
+        for node in self.graph.nodes:
+            if seen:
+                after.append(node)
+            seen = seen or node is op.anchor
+        for label in self._executed_labels(after, streams):
+            if label not in skip:
+                self._new(op, wait, (list(tokens),), label, self._index_of(label), context)
+
+    def _recorded_later(self, op: _Op, event: int) -> bool:
+        seen = False
+        for node in self.graph.nodes:
+            if node is op.anchor:
+                seen = True
+            elif seen and torch_internals.native_stream_op(node.target) == "record_event":
+                if node.args and node.args[0] == event:
+                    return True
+        return False
+
+
+def _move_annotations(gm: torch.fx.GraphModule) -> int:
+    moved = 0
+    for node in gm.graph.nodes:
+        moved += torch_internals.rename_native_stream_annotation(node, NATIVE_STREAM_ANNOTATION)
+    return moved
+
+
+def _drop_dead_objects(gm: torch.fx.GraphModule) -> None:
+    for node in reversed(list(gm.graph.nodes)):
+        if not node.users and torch_internals.is_external_object(node):
+            gm.graph.erase_node(node)
+
+
+def lower_native_streams(
+    gm: torch.fx.GraphModule, table: NativeStreams, *, graph_kind: str = "graph"
+) -> NativeLowering:
+    """Rewrite ``gm``'s native stream IR into airstream's, in place (see the module docstring);
+    attach ``table`` to ``gm`` for stream analysis. Raises StreamError for an op whose arguments
+    are not what it needs (an event where a stream is needed), naming its source line."""
+    torch_internals.require("native-streams")
+    attach_native_streams(gm, table)
+    lowering = _Lowerer(gm, table, graph_kind)
+    lowering.report.annotated = _move_annotations(gm)
+    ops = _collect(gm, lowering.report)
+    if ops:
+        lowering.lower(ops, _contexts(gm))
+    _drop_dead_objects(gm)
+    gm.graph.lint()
+    gm.recompile()
+    if lowering.report.changed:
+        log.debug("native streams (%s graph): %s", graph_kind, lowering.report)
+    return lowering.report
