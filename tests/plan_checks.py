@@ -7,7 +7,7 @@ import torch.fx
 from airstream.ops.library import record, wait
 from airstream.schedule.deps import requirements
 from airstream.schedule.plan import Record, Run, StreamPlan, Wait
-from airstream.schedule.streams import StreamAssignment
+from airstream.streams import StreamAssignment
 
 
 def simulate(plan: StreamPlan) -> None:

@@ -248,7 +248,7 @@ def test_a_call_empties_its_arguments_and_keeps_no_value(kind: str) -> None:
 
     from airstream.runtime.serial import SerialExecutor
     from airstream.schedule.plan import build_plan
-    from airstream.schedule.streams import assign_streams
+    from airstream.streams import assign_streams
 
     w = torch.randn(8, 8)
     gm = make_fx(_two_stream_chain, tracing_mode="fake")(torch.randn(4, 8), w)

@@ -29,8 +29,8 @@ from airstream.examples.guide import Model, custom_pre_pass
 from airstream.runtime.cuda import CudaExecutor
 from airstream.runtime.cuda_api import CudaApi
 from airstream.runtime.cuda_graphs import CudaGraphExecutor, capture_blockers, copy_like
-from airstream.schedule import assign_streams
 from airstream.schedule.plan import build_plan
+from airstream.streams import assign_streams
 from airstream.torch_internals import FakeTensorMode
 
 air = torch.ops.air

@@ -26,6 +26,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "ops",
                 "effects",
                 "nodes",
+                "streams",
                 "decompositions",
             }
         ),

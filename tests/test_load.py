@@ -20,8 +20,8 @@ import airstream
 from airstream import torch_internals
 from airstream.runtime.cpu import CpuExecutor
 from airstream.runtime.workers import worker_count
-from airstream.schedule import assign_streams
 from airstream.schedule.plan import build_plan
+from airstream.streams import assign_streams
 
 ops = torch.ops.airstream_test
 assert probe_ops.SEEN is not None  # registers the test ops

@@ -12,7 +12,7 @@ import airstream
 from airstream.examples.guide import Model, custom_pre_pass
 from airstream.runtime.serial import SerialExecutor
 from airstream.schedule.plan import build_plan
-from airstream.schedule.streams import assign_streams
+from airstream.streams import assign_streams
 
 air = torch.ops.air
 aten = torch.ops.aten

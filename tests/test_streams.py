@@ -11,7 +11,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import airstream
 from airstream import StreamError, torch_internals
-from airstream.schedule import assign_streams
+from airstream.streams import assign_streams
 
 graph_break = torch_internals.dynamo_graph_break()
 

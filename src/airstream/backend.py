@@ -44,7 +44,7 @@ from airstream.runtime.serial import SerialExecutor
 from airstream.schedule.fuse import CompiledSegment, fuse_streams
 from airstream.schedule.native import has_native_streams, lower_native_streams
 from airstream.schedule.plan import StreamPlan, build_plan
-from airstream.schedule.streams import StreamAssignment, assign_streams
+from airstream.streams import StreamAssignment, assign_streams
 
 __all__ = [
     "AirstreamBackend",
@@ -277,10 +277,12 @@ class AirstreamBackend:
             subscribers.append(DumpObserver(dumper))
         observer = Observers(subscribers)
         native = None
-        if has_native_streams(gm):  # before AOTAutograd, which would act on Dynamo's form
+        if has_native_streams(gm):
             native = NativeStreams.from_registry()
-            lower_native_streams(gm, native, graph_kind="Dynamo")
+            attach_native_streams(gm, native)
         observer.graph_traced(gm)
+        if native is not None:  # before AOTAutograd, which would act on Dynamo's form
+            lower_native_streams(gm, native, graph_kind="Dynamo")
         aot = torch_internals.aot_autograd(
             fw_compiler=GraphCompiler(config, "forward", observer, native),
             bw_compiler=GraphCompiler(config, "backward", observer, native),

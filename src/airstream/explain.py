@@ -22,7 +22,7 @@ from airstream.config import CompilerConfig
 from airstream.debug.report import format_segments, format_streams
 from airstream.observers import CompileObserver
 from airstream.passes.manager import PassSpec
-from airstream.schedule.streams import StreamAssignment, assign_streams
+from airstream.streams import StreamAssignment, assign_streams
 
 __all__ = ["ExplainReport", "GraphReport", "explain", "small_stream_warnings"]
 

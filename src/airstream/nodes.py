@@ -11,7 +11,7 @@ import torch
 import torch.fx
 import torch.nn.functional
 
-from airstream.torch_internals import OpOverload, op_name, stack_trace
+from airstream.torch_internals import OpOverload, OpOverloadPacket, op_name, stack_trace
 
 if TYPE_CHECKING:  # types only: the fuser (schedule/fuse.py) sits above this module
     from airstream.schedule.fuse import CompiledSegment
@@ -67,12 +67,17 @@ def torch_function_name(target: Any) -> str | None:
 
 
 def target_name(node: torch.fx.Node) -> str:
-    """``aten.mm.default``-style name of a node's target (or its op for non-calls)."""
+    """``aten.mm.default``-style name of a node's target: ``Tensor.relu`` for a Dynamo graph's
+    method call, ``streams.wait_stream`` for an op packet, the op for other non-calls."""
+    if node.op == "call_method":
+        return f"Tensor.{node.target}"
     if node.op != "call_function":
         return node.op
     target = node.target
     if isinstance(target, OpOverload):
         return ".".join(op_name(target))
+    if isinstance(target, OpOverloadPacket):
+        return str(target)  # the Dynamo graph calls packets: "streams.wait_stream"
     if SEGMENT_KEY in node.meta:  # max-autotune: an Inductor-compiled segment
         return "inductor_segment"
     known = torch_function_name(target)  # the Dynamo graph's torch.mm, operator.add, ...

@@ -21,7 +21,7 @@ import torch.fx
 
 from airstream.passes.manager import PassObserver, PassSpec
 from airstream.schedule.plan import StreamPlan
-from airstream.schedule.streams import StreamAssignment
+from airstream.streams import StreamAssignment
 
 if TYPE_CHECKING:  # the backend (above this module) defines CompiledGraph
     from airstream.backend import CompiledGraph

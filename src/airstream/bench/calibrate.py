@@ -50,7 +50,7 @@ def _runner(fn: Any, example: list[torch.Tensor], side: Any) -> Any:
     from airstream.runtime.cpu import CpuExecutor
     from airstream.runtime.serial import SerialExecutor
     from airstream.schedule.plan import build_plan
-    from airstream.schedule.streams import assign_streams
+    from airstream.streams import assign_streams
 
     gm = make_fx(fn)(*example)
     if side is not None:

@@ -17,7 +17,7 @@ from airstream.ops.library import (
     wait_tensor,
 )
 from airstream.schedule.plan import StreamPlan
-from airstream.schedule.streams import StreamAssignment
+from airstream.streams import StreamAssignment
 from airstream.torch_internals import OpOverload, OpOverloadPacket, op_name
 
 __all__ = ["PALETTE", "marker_of", "op_label", "to_dot"]
@@ -56,7 +56,7 @@ def op_label(node: torch.fx.Node) -> str:
     ``default``: ``aten.sub.Tensor``), ``torch.mm`` or ``operator.add`` for the Dynamo graph's
     torch functions, ``Tensor.relu`` for a method call."""
     if node.op == "call_method":
-        return f"Tensor.{node.target}"
+        return target_name(node)
     if node.op == "call_module":
         return f"module {node.target}"
     target = node.target
@@ -66,7 +66,7 @@ def op_label(node: torch.fx.Node) -> str:
         namespace, name, overload = op_name(target)
         return f"{namespace}.{name}" if overload == "default" else f"{namespace}.{name}.{overload}"
     if isinstance(target, OpOverloadPacket):
-        return str(target._qualified_op_name).replace("::", ".")
+        return target_name(node)
     return torch_function_name(target) or target_name(node)
 
 

@@ -56,7 +56,7 @@ from airstream.errors import StreamError
 from airstream.observers import CompileObserver
 from airstream.passes.manager import PassSpec
 from airstream.schedule.plan import StreamPlan
-from airstream.schedule.streams import StreamAssignment, assign_streams
+from airstream.streams import StreamAssignment, assign_streams
 
 __all__ = ["DumpObserver", "GraphDumper", "dumper_for", "start_run"]
 

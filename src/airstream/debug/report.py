@@ -8,9 +8,11 @@ from typing import Any
 
 import torch.fx
 
+from airstream import torch_internals
 from airstream.nodes import segment_of, source_line, target_name
 from airstream.ops.library import record, scope_enter, scope_exit, wait, wait_tensor
-from airstream.schedule.streams import StreamAssignment
+from airstream.ops.native import NativeStreams, native_streams_of
+from airstream.streams import StreamAssignment
 
 __all__ = ["ControlEdge", "control_edges", "format_segments", "format_streams", "stream_name"]
 
@@ -61,8 +63,21 @@ def control_edges(gm: torch.fx.GraphModule, streams: StreamAssignment) -> list[C
     return edges
 
 
+def _arg_text(node: torch.fx.Node, position: int, arg: Any, table: NativeStreams | None) -> str:
+    """An argument as the dump shows it: a native op's stream and event indices by name."""
+    if table is not None and isinstance(arg, int) and not isinstance(arg, bool):
+        name = torch_internals.native_stream_op(node.target)
+        if name is not None and not (name == "synchronize_device" or position >= 2):
+            return f"{table.name(arg)}"
+        if name is None and torch_internals.is_external_object(node):
+            return f"{arg} ({table.name(arg)})"
+    return str(arg)
+
+
 def format_streams(gm: torch.fx.GraphModule, streams: StreamAssignment) -> str:
-    """One line per node: stream, node, target and source line; markers shown as brackets."""
+    """One line per node: stream, node, target and source line; markers shown as brackets.
+    A native op's streams and events (registry indices) are shown by their variable's name."""
+    table = native_streams_of(gm)
     width = max([len(stream_name(s)) for s in streams.streams] + [6])
     lines = [f"{'stream':<{width}}  node"]
     for node in gm.graph.nodes:
@@ -72,13 +87,13 @@ def format_streams(gm: torch.fx.GraphModule, streams: StreamAssignment) -> str:
             outs = ", ".join(str(a) for a in torch.fx.node.map_arg(node.args[0], lambda n: n.name))
             lines.append(f"{'':<{width}}  return {outs}")
             continue
-        label = stream_name(streams.stream(node)) if node.op == "call_function" else ""
+        label = stream_name(streams.stream(node)) if node.name in streams.stream_of else ""
         if node.target is scope_enter:
             text = f"[scope_enter {dict(zip(node.args[0], node.args[1], strict=True))}]"
         elif node.target is scope_exit:
             text = "[scope_exit]"
         else:
-            args = ", ".join(str(a) for a in node.args)
+            args = ", ".join(_arg_text(node, i, a, table) for i, a in enumerate(node.args))
             text = f"{node.name} = {target_name(node)}({args})"
             segment = segment_of(node)
             if segment is not None:

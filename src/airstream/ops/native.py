@@ -188,6 +188,11 @@ class NativeStreams:
             self.devices[index] = _device_type(value)
             self.sources[index] = obj.source
             is_event = isinstance(value, torch.Event) or type(value).__name__ == "Event"
+            main = not is_event and (obj.current or value is _cpu_current)
+            if main:  # the caller's current stream: airstream's main stream
+                self.names[index] = "main"
+                self.labels[index] = None
+                continue
             base = torch_internals.readable_name(obj.source) or (
                 f"{'event' if is_event else 'stream'}{index}"
             )
@@ -195,13 +200,11 @@ class NativeStreams:
             while name in taken:
                 name, n = f"{base}_{n}", n + 1
             self.names[index] = name
+            taken.add(name)
             if is_event:
                 self.events.add(index)
-                continue
-            main = obj.current or value is _cpu_current
-            self.labels[index] = None if main else name
-            if not main:
-                taken.add(name)
+            else:
+                self.labels[index] = name
 
     def _refresh(self, index: int) -> None:
         with self._lock:

@@ -10,7 +10,13 @@ from airstream.passes.auto import (
 from airstream.passes.manager import STAGES, PassManager, PassResult, PassSpec, pass_name
 from airstream.passes.meta import check_meta, fill_meta
 from airstream.passes.replacements import Replacements
-from airstream.passes.toolkit import add_control_edge, module_paths, place_on_stream, select_nodes
+from airstream.passes.toolkit import (
+    add_control_edge,
+    module_paths,
+    place_on_stream,
+    select_nodes,
+    streams_of,
+)
 
 __all__ = [
     "AutoStreamsDecision",
@@ -23,6 +29,7 @@ __all__ = [
     "place_on_stream",
     "select_nodes",
     "shared_expert_overlap",
+    "streams_of",
     "STAGES",
     "PassManager",
     "PassResult",

@@ -3,6 +3,7 @@
     experts = select_nodes(gm, module=r"experts\\.3\\b")
     place_on_stream(gm, experts, "expert_3")
     add_control_edge(gm, router_done, shared_start)
+    streams_of(gm).stream(node)        # "expert_3"; None for the main stream
 
 Every helper checks its input and raises ``ValueError`` naming the node and what to do; inside a
 pass, the pass manager turns it into a PassError naming the pass. Nodes the helpers add carry no
@@ -29,6 +30,7 @@ from airstream.ops.library import (
     wait,
 )
 from airstream.passes.meta import fill_meta
+from airstream.streams import StreamAssignment, assign_streams
 from airstream.torch_internals import OpOverloadPacket, module_stack
 
 __all__ = [
@@ -37,7 +39,16 @@ __all__ = [
     "module_paths",
     "place_on_stream",
     "select_nodes",
+    "streams_of",
 ]
+
+
+def streams_of(gm: torch.fx.GraphModule) -> StreamAssignment:
+    """Every node's stream as the graph stands, however it was set: a pass's or TorchAir's
+    ``scope_enter``/``scope_exit``, ``airstream.stream``, a ``torch.Stream`` block in the model
+    (named after its variable) or a native annotation a pass wrote. ``.stream(node)`` is one
+    node's label (None: the main stream). Raises StreamError for an invalid stream program."""
+    return assign_streams(gm)
 
 
 def module_paths(node: torch.fx.Node) -> list[str]:

@@ -1,5 +1,2 @@
-"""Stream analysis (and, later, the StreamPlan) built from an optimized graph."""
-
-from airstream.schedule.streams import StreamAssignment, assign_streams
-
-__all__ = ["StreamAssignment", "assign_streams"]
+"""The stream planner: ordering requirements, the plan, max-autotune fusion, and the lowering of
+PyTorch's stream IR. Stream analysis itself (``assign_streams``) is in :mod:`airstream.streams`."""

@@ -54,7 +54,7 @@ from airstream.ops.native import (
     native_stream_synchronize,
 )
 from airstream.ops.stream import STREAM_ANNOTATION
-from airstream.schedule.streams import assign_streams
+from airstream.streams import assign_streams
 
 __all__ = ["NativeLowering", "has_native_streams", "lower_native_streams"]
 
@@ -401,7 +401,7 @@ class _Lowerer:
     def _executed_labels(self, nodes: Any, streams: Any) -> list[str | None]:
         labels: dict[str | None, None] = {}
         for node in nodes:
-            if node.op == "call_function" and node.name in streams.stream_of:
+            if node.name in streams.stream_of:
                 if node.target not in (scope_enter, scope_exit, wait, record):
                     labels[streams.stream_of[node.name]] = None
         return list(labels)

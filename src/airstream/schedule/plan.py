@@ -21,7 +21,7 @@ import torch.fx
 from airstream.effects import is_executed
 from airstream.ops.library import record, wait
 from airstream.schedule.deps import Requirement, requirements
-from airstream.schedule.streams import StreamAssignment
+from airstream.streams import StreamAssignment
 
 __all__ = ["Record", "Run", "StreamPlan", "StreamSteps", "Sync", "Wait", "build_plan"]
 

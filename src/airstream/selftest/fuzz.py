@@ -27,7 +27,7 @@ from airstream.ops.library import STREAM_LABEL_KEY
 from airstream.runtime.cpu import CpuExecutor
 from airstream.runtime.serial import SerialExecutor
 from airstream.schedule.plan import build_plan
-from airstream.schedule.streams import assign_streams
+from airstream.streams import assign_streams
 
 __all__ = [
     "FuzzHang",

@@ -85,8 +85,9 @@ def _probe_native_streams() -> _NativeIR:
             raise TypeError(f"{_REGISTRY}.{name} is neither a dict nor a list")
     getter = _attr(f"{_REGISTRY}:get_external_object_by_index")
     variables = importlib.import_module("torch._dynamo.variables.streams")  # defines the ops
-    for name in ("new_stream", "new_event"):
+    for name in ("StreamVariable", "EventVariable"):
         getattr(variables, name)
+    registry.register_graph_created_object  # noqa: B018  (new_native_stream registers with it)
     namespace = torch.ops.streams
     ops = {getattr(namespace, name).default: name for name in _OPS}
     ops |= {getattr(namespace, n).default: n for n in _LATER_OPS if hasattr(namespace, n)}
@@ -286,20 +287,34 @@ def native_object_at_run_time(index: int) -> Any:
     return _ir().getter(index)
 
 
-def new_native_stream(device: torch.device) -> int:
-    """A new stream on ``device``, registered as one a compiled graph creates (its bytecode
-    constructs it, so the index is valid at run time); for passes writing native form. Only
-    while Dynamo compiles a graph."""
+def _register_new(kind: str, device: torch.device) -> int:
+    """A new stream or event on ``device``, registered as an object the compiled code creates:
+    Dynamo's bytecode builds it again, on the same device, before every call. (torch's own
+    ``new_stream()`` rebuilds it without the device, on the default accelerator.)"""
     module = importlib.import_module("torch._dynamo.variables.streams")
-    index: int = module.new_stream(device=device)
+    registry = importlib.import_module(_REGISTRY)
+    variables = importlib.import_module("torch._dynamo.variables")
+    args = variables.TupleVariable([variables.ConstantVariable.create(str(device))])
+    kwargs = variables.ConstDictVariable({})
+    if kind == "stream":
+        value: Any = torch.Stream(str(device))
+        build = module.StreamVariable.make_construct_in_graph_stream_fn(args, kwargs)
+    else:
+        value = torch.Event(str(device))
+        build = module.EventVariable.make_construct_in_graph_event_fn(args, kwargs)
+    index: int = registry.register_graph_created_object(value, build)
     return index
+
+
+def new_native_stream(device: torch.device) -> int:
+    """A new stream on ``device`` for a pass writing native form: its registry index, valid for
+    the graph being compiled (only while Dynamo compiles one)."""
+    return _register_new("stream", device)
 
 
 def new_native_event(device: torch.device) -> int:
     """A new event on ``device``, registered like :func:`new_native_stream`."""
-    module = importlib.import_module("torch._dynamo.variables.streams")
-    index: int = module.new_event(device=device)
-    return index
+    return _register_new("event", device)
 
 
 def readable_name(source: str | None) -> str | None:

@@ -49,7 +49,7 @@ from airstream.torch_internals import outputs_rebuilt_from_inputs
 
 __all__ = ["StreamLabels", "reinplace_inplaceable_ops", "reinplace_input_mutations"]
 
-# The stream analysis (the backend passes schedule.streams'): node name -> label (None: main).
+# The stream analysis (airstream.streams, as the backend passes it): node -> label (None: main).
 StreamLabels = Callable[[torch.fx.GraphModule], Mapping[str, str | None]]
 
 aten = torch.ops.aten

@@ -56,7 +56,8 @@ class StreamAssignment:
     """The result of stream analysis: plain data, keyed by node name.
 
     Attributes:
-        stream_of: every ``call_function`` node's stream label (``None`` = main stream).
+        stream_of: every call's stream label (``None`` = main stream): each ``call_function``
+            node (and, in a Dynamo graph, each ``call_method`` and ``call_module`` node).
             ``scope_enter`` and ``scope_exit`` are on the stream around the scope they open or
             close (main at the top level; never an annotation's), not on the stream they
             delimit: ``nodes_on(label)`` is what runs on it. ``record`` and ``wait`` are on
@@ -103,6 +104,10 @@ def _native_label(node: torch.fx.Node, index: int, table: NativeStreams | None) 
         return table.label(index)
     except KeyError as exc:
         raise StreamError(f"{describe(node)}: {exc.args[0]}") from None
+
+
+# the nodes that run: an aten graph's calls, and a Dynamo graph's method and module calls
+_CALLS = frozenset({"call_function", "call_method", "call_module"})
 
 
 def _parse_enter(node: torch.fx.Node) -> _Scope:
@@ -207,7 +212,7 @@ def assign_streams(
             )
 
     for node in gm.graph.nodes:
-        if node.op != "call_function":
+        if node.op not in _CALLS:
             continue
         if node.target is scope_exit:
             if not stack:
