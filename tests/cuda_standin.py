@@ -176,6 +176,13 @@ class StandInCuda(CudaApi):
         self.log_call("new_event", event.name)
         return event
 
+    def adopt_stream(self, stream: Any) -> Any:
+        assert isinstance(stream, Stream), f"a user's stream must be a stand-in stream: {stream}"
+        return stream
+
+    def synchronize_device(self) -> None:
+        self.log_call("synchronize_device", self.device_now)
+
     def current_stream(self, device: torch.device) -> Stream:
         index = device.index or 0
         return self._current.get(index) or self.default_stream(index)

@@ -32,7 +32,7 @@ from airstream.effects import effects
 from airstream.errors import AirstreamError, ConfigError
 from airstream.observers import CompileObserver, Observers
 from airstream.openmp import openmp
-from airstream.ops.native import NativeStreams, attach_native_streams
+from airstream.ops.native import NativeStreams, attach_native_streams, native_streams_of
 from airstream.passes.manager import PassManager, PassResult, pass_name
 from airstream.passes.tagged_events import lower_tagged_events
 from airstream.runtime.codegen import Executor
@@ -40,6 +40,7 @@ from airstream.runtime.cpu import CpuExecutor
 from airstream.runtime.cuda import CudaExecutor
 from airstream.runtime.cuda_graphs import CudaGraphExecutor
 from airstream.runtime.data_dump import DataDumpExecutor
+from airstream.runtime.native import NativeObjects
 from airstream.runtime.serial import SerialExecutor
 from airstream.schedule.fuse import CompiledSegment, fuse_streams
 from airstream.schedule.native import has_native_streams, lower_native_streams
@@ -195,7 +196,9 @@ class GraphCompiler:
             return SerialExecutor(gm, plan)
         device = _cuda_device(gm)
         if device is not None:
-            executor = CudaExecutor(gm, plan, device)
+            table = native_streams_of(gm)
+            native = None if table is None else NativeObjects(table, at_run_time=kind != "backward")
+            executor = CudaExecutor(gm, plan, device, native=native)
             if self.config.mode == "reduce-overhead":
                 # Parameters and buffers are the same tensors every call: captured by address.
                 torch_internals.require("cuda-graphs")

@@ -29,6 +29,7 @@ import torch.fx
 
 from airstream.ops.air_print import air_print
 from airstream.ops.library import is_air_op, record, scope_enter, scope_exit, wait, wait_tensor
+from airstream.ops.native import NATIVE_HOST_SYNCS, NATIVE_OPS
 from airstream.ops.tagged import TAGGED_EVENT_OPS
 from airstream.torch_internals import OpOverload, collective_op_name, op_name, op_schema
 
@@ -119,6 +120,8 @@ def effects(node: torch.fx.Node) -> Effects:
         return Effects(air=True, aliases=waited)
     if target in TAGGED_EVENT_OPS or target is air_print:  # steps kept in place and order
         return Effects(air=True)
+    if target in NATIVE_OPS:  # the user's own streams and events (on CUDA)
+        return Effects(air=True, host_sync=target in NATIVE_HOST_SYNCS)
     if not isinstance(target, OpOverload):
         return _PURE
     schema = op_schema(target)

@@ -38,6 +38,7 @@ from airstream import torch_internals
 from airstream.ops.stream import STREAM_ANNOTATION
 
 __all__ = [
+    "NATIVE_HOST_SYNCS",
     "NATIVE_OPS",
     "NATIVE_STREAM_ANNOTATION",
     "attach_native_streams",
@@ -89,6 +90,9 @@ NATIVE_OPS = frozenset(
         native_device_synchronize,
         native_record_stream,
     }
+)
+NATIVE_HOST_SYNCS = frozenset(
+    {native_event_synchronize, native_stream_synchronize, native_device_synchronize}
 )
 for _op in NATIVE_OPS:
     has_side_effect(_op)
@@ -169,6 +173,7 @@ class NativeStreams:
     devices: dict[int, str] = field(default_factory=dict)
     sources: dict[int, str | None] = field(default_factory=dict)
     names: dict[int, str] = field(default_factory=dict)
+    refs: dict[int, Any] = field(default_factory=dict, repr=False)  # weak references
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -187,6 +192,7 @@ class NativeStreams:
             value = obj.value
             self.devices[index] = _device_type(value)
             self.sources[index] = obj.source
+            self.refs[index] = obj.ref
             is_event = isinstance(value, torch.Event) or type(value).__name__ == "Event"
             main = not is_event and (obj.current or value is _cpu_current)
             if main:  # the caller's current stream: airstream's main stream
@@ -243,6 +249,11 @@ class NativeStreams:
         if index not in self.devices:
             self._refresh(index)
         return self.names[index]
+
+    def compile_time_object(self, index: int) -> Any:
+        """The object at ``index`` when the graph compiled (None once it is gone)."""
+        ref = self.refs.get(index)
+        return None if ref is None else ref()
 
     @property
     def native_labels(self) -> dict[str, int]:

@@ -23,6 +23,7 @@ a profiler listens (:class:`Executor`).
 
 from __future__ import annotations
 
+import functools
 import operator
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +35,7 @@ import torch.fx
 from airstream.effects import data_inputs
 from airstream.nodes import describe, segment_of
 from airstream.ops.library import record, wait_tensor
+from airstream.ops.native import NATIVE_OPS
 from airstream.runtime.trace import op_begin, op_end
 from airstream.schedule.plan import Record, Run, Step, Wait
 
@@ -136,6 +138,17 @@ class Hooks:
     def produced(self, b: Builder, node: torch.fx.Node, label: Label, value: torch.fx.Node) -> None:
         """``node`` ran on ``label`` and its value is ``value``."""
 
+    def native(
+        self,
+        b: Builder,
+        label: Label,
+        node: torch.fx.Node,
+        read: Callable[[torch.fx.Node], torch.fx.Node],
+    ) -> torch.fx.Node | None:
+        """Issue ``node``, an ``air.native_*`` step on the user's own CUDA streams and events,
+        on ``label``; None (the default): run its op, which does nothing."""
+        return None
+
 
 @dataclass(frozen=True)
 class GeneratedCode:
@@ -237,6 +250,9 @@ def generate(
             trace_of[on] = graph.call_function(operator.getitem, (traces, on))
         return trace_of[on]
 
+    def _on_stream(on: Label, n: torch.fx.Node) -> torch.fx.Node:
+        return value(n, on)
+
     b = Builder(graph, params, trace_for)
     hooks.begin(b)
     current: list[Label | int] = [-1]  # no stream selected yet
@@ -248,6 +264,10 @@ def generate(
                 env[node] = value(waited, on)  # identity: only the ordering mattered
             elif node.target is record and not _reads_token(node):
                 continue  # an event position: nothing to compute
+            elif node.target in NATIVE_OPS and (
+                (issued := hooks.native(b, on, node, functools.partial(_on_stream, on))) is not None
+            ):
+                env[node] = issued
             else:
                 if current[0] != on:  # switch streams only to issue an op
                     hooks.switch(b, on)

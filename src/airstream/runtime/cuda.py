@@ -25,8 +25,9 @@ All CUDA calls go through a :class:`~airstream.runtime.cuda_api.CudaApi`.
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -42,6 +43,7 @@ from airstream.runtime.codegen import (
     inputs_read,
 )
 from airstream.runtime.cuda_api import CUDA, CudaApi
+from airstream.runtime.native import NativeObjects, native_step
 from airstream.runtime.trace import CallTrace, tracing_wanted
 from airstream.schedule.plan import StreamPlan
 
@@ -74,9 +76,11 @@ def _keep(value: Any, api: CudaApi, streams: Sequence[Any], index: int) -> None:
 
 
 class _IssueHooks(Hooks):
-    """One function issues every stream's steps: stream switches, events, record_stream."""
+    """One function issues every stream's steps: stream switches, events, record_stream, and
+    the steps on the user's own streams and events (``natives``: the call's objects by registry
+    index, None while capturing)."""
 
-    params = ("streams", "events", "api")
+    params = ("streams", "events", "api", "natives")
 
     def __init__(self, labels: Sequence[Label], plan: StreamPlan, fork_event: int) -> None:
         self.index_of = {label: i for i, label in enumerate(labels)}  # main (None) first
@@ -102,6 +106,24 @@ class _IssueHooks(Hooks):
     def wait(self, b: Builder, label: Label, event: int) -> None:
         b.call(_wait, b.params["streams"], self.index_of[label], b.params["events"], event)
 
+    def native(
+        self,
+        b: Builder,
+        label: Label,
+        node: torch.fx.Node,
+        read: Callable[[torch.fx.Node], torch.fx.Node],
+    ) -> torch.fx.Node | None:
+        found = native_step(node)
+        if found is None:
+            return None
+        fn, takes_api = found
+        p = b.params
+        stream = b.call(operator.getitem, p["streams"], self.index_of[label])
+        args = [read(a) if isinstance(a, torch.fx.Node) else a for a in node.args]
+        if takes_api:
+            return b.call(fn, p["natives"], stream, p["api"], *args)
+        return b.call(fn, p["natives"], stream, *args)
+
     def first_use(
         self, b: Builder, node: torch.fx.Node, label: Label, value: torch.fx.Node
     ) -> None:
@@ -112,7 +134,10 @@ class _IssueHooks(Hooks):
 
 
 class CudaExecutor:
-    """Boxed callable issuing a StreamPlan on CUDA streams from the calling thread."""
+    """Boxed callable issuing a StreamPlan on CUDA streams from the calling thread.
+
+    ``native``: the user's own streams and events of a graph with PyTorch's stream IR; a side
+    stream standing for one of the model's ``torch.Stream`` objects runs on that object."""
 
     def __init__(
         self,
@@ -120,17 +145,20 @@ class CudaExecutor:
         plan: StreamPlan,
         device: torch.device,
         api: CudaApi | None = None,
+        native: NativeObjects | None = None,
     ) -> None:
         self._boxed_call = True
         self.plan = plan
         self.device = device
         self.api = api if api is not None else CUDA
+        self.native = native
         self._fork_event = max((s.event for s in plan.syncs), default=-1) + 1
         self._num_events = self._fork_event + 1
         # Streams that run nothing are left out: forked but never joined, they would make a
         # CUDA graph capture fail, and a wait on them orders nothing.
         self._sides_used = [s.label for s in plan.side_streams if s.runs]
         self._priorities = [plan.priorities.get(str(label), 0) for label in self._sides_used]
+        self._native_sides = native.side_labels(self._sides_used) if native is not None else {}
         labels = [None, *self._sides_used]
         steps = [(label, step) for label, step in plan.sequence if label in labels]
         inputs = inputs_read(gm, steps, returns=True)
@@ -169,6 +197,14 @@ class CudaExecutor:
                 api.private_stream(self.device, f"capture side {i + 1}", priority)
                 for i, priority in enumerate(self._priorities)
             ]
+        if self._native_sides and self.native is not None:  # the caller's objects, per call
+            native, get = self._native_sides, self.native.get
+            return [
+                api.adopt_stream(get(native[str(label)]))
+                if str(label) in native
+                else api.label_stream(self.device, str(label), priority)
+                for label, priority in zip(self._sides_used, self._priorities, strict=True)
+            ]
         if self._sides is None:
             self._sides = [
                 api.label_stream(self.device, str(label), priority)
@@ -191,12 +227,13 @@ class CudaExecutor:
             traced: Any = self._traced.get() if not capturing and tracing_wanted() else None
             streams = [caller, *self.side_streams(capturing)]
             events = self._take_events(capturing)
+            natives = None if capturing or self.native is None else self.native.get
             trace = None if traced is None else CallTrace()  # its clock starts once code exists
             try:
                 if trace is None:
-                    return self._fn(args, streams, events, api)
+                    return self._fn(args, streams, events, api, natives)
                 traces = {s.label: trace.stream(s.label) for s in self.plan.streams}
-                return traced(args, streams, events, api, traces)
+                return traced(args, streams, events, api, natives, traces)
             except BaseException as error:
                 _join_after_error(streams)
                 where = self.generated.locate(error, self._stream_of)

@@ -64,6 +64,21 @@ class CudaApi:
         """The calling thread's current stream on ``device``."""
         return torch.cuda.current_stream(device)
 
+    def adopt_stream(self, stream: Any) -> Any:
+        """A user's stream as a ``torch.cuda.Stream`` (the same CUDA stream): a generic
+        ``torch.Stream`` on a CUDA device is wrapped, a CUDA stream is returned as it is."""
+        if isinstance(stream, torch.cuda.Stream):
+            return stream
+        return torch.cuda.Stream(
+            stream_id=stream.stream_id,
+            device_index=stream.device_index,
+            device_type=stream.device_type,
+        )
+
+    def synchronize_device(self) -> None:
+        """The host waits for all work on the current device."""
+        torch.cuda.synchronize()
+
     def set_stream(self, stream: Any) -> None:
         """Make ``stream`` the thread's current stream on its device (this also makes its device
         the current device: callers run inside :meth:`device`)."""

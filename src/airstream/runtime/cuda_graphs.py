@@ -37,7 +37,9 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from airstream.effects import effects
 from airstream.nodes import describe
+from airstream.ops.native import NATIVE_HOST_SYNCS
 from airstream.runtime.cuda import CudaExecutor
+from airstream.runtime.native import NativeAround
 
 __all__ = ["CaptureFailed", "CudaGraphExecutor", "capture_blockers", "copy_like"]
 
@@ -91,7 +93,9 @@ def capture_blockers(gm: torch.fx.GraphModule) -> list[str]:
                 reasons.append(f"{name} mutates its input")
             if found.random:
                 reasons.append(f"{name} draws random numbers")
-            if found.host_sync:
+            if found.host_sync and node.target in NATIVE_HOST_SYNCS:
+                reasons.append(f"{name} makes the host wait for the device (a synchronize)")
+            elif found.host_sync:
                 reasons.append(f"{name} reads device data back to the host")
     if len(devices) > 1:
         where = ", ".join(f"{d} ({n.name})" for d, n in devices.items())
@@ -142,6 +146,7 @@ class CudaGraphExecutor:
         self._static_outputs: Any = None
         self._done: Any = None  # recorded after the last replay's output copies were issued
         self._lock = threading.Lock()  # one set of buffers: calls replay one at a time
+        self._around = NativeAround(gm)  # the user's events the call waits for and records
 
     @property
     def code(self) -> str:
@@ -228,7 +233,12 @@ class CudaGraphExecutor:
                 for i, buffer in self._copies:  # the inputs that change; weights are read in place
                     buffer.copy_(args[i])
                 args.clear()
+                native = self.inner.native if self._around else None
+                if native is not None:
+                    self._around.before(native, stream)
                 api.replay(self._graph)
                 outputs = tuple(copy_like(o) for o in self._static_outputs)
+                if native is not None:
+                    self._around.after(native, stream)
                 self._done.record(stream)
                 return outputs

@@ -1,0 +1,149 @@
+"""The user's own CUDA streams and events in a compiled call (PyTorch's stream IR on CUDA).
+
+A graph's side stream that stands for a ``torch.Stream`` of the model runs on that object, so
+code outside the compiled region that synchronizes with it (``alt_stream.synchronize()``, an
+event recorded on it) stays right. The ``air.native_*`` steps (``ops/native.py``) act on the
+user's events and streams. Which objects: for an inference or forward graph, the ones Dynamo's
+bytecode stored for this call (the caller's, as torch itself reads them); for a backward graph,
+which runs outside that bytecode, the ones seen when the graph compiled.
+
+Inside a CUDA graph capture the user's objects are not touched: side work runs on the capturing
+thread's private streams (a stream another thread may use must never join a capture), and the
+replay stands for the whole call: the user's events a call records are recorded on the caller's
+stream after the replay, and those it waits for (recorded outside the graph) are waited for on
+the caller's stream before it (:class:`NativeAround`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+from airstream import torch_internals
+from airstream.ops.native import (
+    NativeStreams,
+    native_device_synchronize,
+    native_event_record,
+    native_event_synchronize,
+    native_event_wait,
+    native_record_stream,
+    native_stream_synchronize,
+)
+
+__all__ = ["NativeAround", "NativeObjects", "native_step"]
+
+
+@dataclass(frozen=True)
+class NativeObjects:
+    """Where a CUDA executor finds the user's streams and events for a call: ``table`` names
+    them; ``at_run_time`` reads the objects Dynamo stored for the call in progress (inference
+    and forward graphs), else those of compile time (backward). ``resolve`` replaces both (the
+    tests' stand-in objects)."""
+
+    table: NativeStreams
+    at_run_time: bool = True
+    resolve: Callable[[int], Any] | None = None
+
+    def get(self, index: int) -> Any:
+        """The object at registry ``index`` for this call."""
+        if self.resolve is not None:
+            return self.resolve(index)
+        if self.at_run_time:
+            return torch_internals.native_object_at_run_time(index)
+        value = self.table.compile_time_object(index)
+        if value is None:
+            raise RuntimeError(
+                f"airstream: the {self.table.name(index)!r} stream or event this backward graph "
+                "was compiled with no longer exists"
+            )
+        return value
+
+    def side_labels(self, labels: Sequence[str | None], device: str = "cuda") -> dict[str, int]:
+        """Of ``labels``, those that stand for a user's stream on ``device``'s type, with its
+        registry index (a CPU stream in a CUDA graph runs on airstream's stream for its label)."""
+        native = self.table.native_labels
+        return {
+            str(label): native[label]
+            for label in labels
+            if label in native and self.table.device(native[label]) == device
+        }
+
+
+# -- the steps ------------------------------------------------------------------------------------
+# Each runs from the issuing thread with the call's streams; ``natives`` is None while the
+# caller's stream captures a CUDA graph (the replay's caller does their work; see NativeAround).
+
+
+def _event_record(natives: Any, stream: Any, event: int) -> None:
+    if natives is not None:
+        natives(event).record(stream)
+
+
+def _event_wait(natives: Any, stream: Any, event: int) -> None:
+    if natives is not None:
+        stream.wait_event(natives(event))
+
+
+def _event_synchronize(natives: Any, stream: Any, event: int) -> None:
+    if natives is not None:
+        natives(event).synchronize()
+
+
+def _stream_synchronize(natives: Any, stream: Any, index: int) -> None:
+    if natives is not None:
+        natives(index).synchronize()
+
+
+def _device_synchronize(natives: Any, stream: Any, api: Any) -> None:
+    if natives is not None:
+        api.synchronize_device()
+
+
+def _record_stream(natives: Any, stream: Any, api: Any, tensor: Any, index: int) -> None:
+    if natives is not None:
+        api.keep(tensor, api.adopt_stream(natives(index)))
+
+
+_STEPS: dict[Any, Callable[..., None]] = {
+    native_event_record: _event_record,
+    native_event_wait: _event_wait,
+    native_event_synchronize: _event_synchronize,
+    native_stream_synchronize: _stream_synchronize,
+    native_device_synchronize: _device_synchronize,
+    native_record_stream: _record_stream,
+}
+
+
+def native_step(node: torch.fx.Node) -> tuple[Callable[..., None], bool] | None:
+    """The function that runs ``node`` (an ``air.native_*`` step) and whether it takes the
+    CudaApi before its arguments; None for any other node."""
+    fn = _STEPS.get(node.target)
+    if fn is None:
+        return None
+    return fn, node.target in (native_device_synchronize, native_record_stream)
+
+
+class NativeAround:
+    """What a replayed CUDA graph does with the user's events: the events the call waits for
+    (recorded outside the graph) are waited for on the caller's stream before the replay; the
+    events it records, recorded there after it."""
+
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+        self.waits = [int(n.args[0]) for n in nodes if n.target is native_event_wait]
+        self.records = [int(n.args[0]) for n in nodes if n.target is native_event_record]
+
+    def __bool__(self) -> bool:
+        return bool(self.waits or self.records)
+
+    def before(self, natives: NativeObjects, stream: Any) -> None:
+        for index in self.waits:
+            stream.wait_event(natives.get(index))
+
+    def after(self, natives: NativeObjects, stream: Any) -> None:
+        for index in self.records:
+            natives.get(index).record(stream)
