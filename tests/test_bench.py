@@ -182,6 +182,7 @@ def test_bench_decode_checks_every_runner_and_reports_tokens_per_second(
         "auto_streams",
         "shared_expert",
         "max-autotune+streams",
+        "alt_stream",
     }
     for figures in runners.values():
         assert figures["step_ms"] > 0 and figures["tokens_per_s"] == pytest.approx(
@@ -189,6 +190,26 @@ def test_bench_decode_checks_every_runner_and_reports_tokens_per_second(
         )
     text = decode.format_decode(report)
     assert "shared_expert" in text and "tok/s" in text and "compile" in text
+    assert "alt_stream (torch.Stream in the model's code, no pass)" in text
+
+
+def test_bench_decode_alt_stream_runner_runs_the_models_own_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The alt_stream runner: the same weights, the shared expert under a torch.Stream in the
+    model's code; its decode step gives eager's logits with a side stream in its graph."""
+    from airstream.bench import decode
+
+    monkeypatch.setattr(decode, "DECODE_MODELS", {"qwen2-moe": _TINY_QWEN2_MOE})
+    model, _ = decode.build_model("qwen2-moe")
+    backend = decode._plain_backend()
+    alt_step, _ = decode.decode_step(
+        decode._alt_stream_model("qwen2-moe", "cpu"), backend, 2, 4, 8
+    )
+    eager_step, _ = decode.decode_step(model, None, 2, 4, 8)
+    torch.testing.assert_close(alt_step(), eager_step(), rtol=1e-4, atol=1e-4)
+    sides = {label for g in backend.graphs for label in g.streams.side_streams}
+    assert sides == {"alt_stream"}
 
 
 def test_serving_loop_report_structure(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -391,3 +391,45 @@ def test_plain_graphs_never_consult_the_registry() -> None:
             compiled(torch.ones(2))
     graph = graph_of(backend, "inference")
     assert "air_native_streams" not in graph.graph_module.meta
+
+
+_LATER_TRAINING = """
+import gc, torch, airstream
+
+kept = torch.Stream(device="cpu")  # lives as long as the process
+
+def first():
+    alt = torch.Stream(device="cpu")  # gone with this function
+    def f(x):
+        with alt:
+            y = x.sin()
+        with kept:
+            z = y.cos()
+        return z
+    torch.compile(f, backend=BACKEND)(torch.randn(4))
+
+first()
+torch.compiler.reset()  # as a test suite does between tests
+gc.collect()
+layer = torch.nn.Linear(4, 4)
+torch.compile(layer, backend=BACKEND)(torch.randn(2, 4)).sum().backward()
+print("trained", layer.weight.grad is not None)
+"""
+
+
+@pytest.mark.parametrize("backend", ["airstream.get_backend()", "'aot_eager'"])
+def test_a_later_model_trains_after_the_first_native_stream_frame_is_gone(backend: str) -> None:
+    """torch 2.15's AOTAutograd restores, in every backward, the registry objects of the first
+    frame with streams compiled in the process (a stale name): with that frame's first stream
+    gone and a later one alive, every later backward failed ("Index past the end of
+    index_to_user_object_weakref"), under torch's own backends too. airstream, once imported,
+    leaves that first list empty."""
+    import subprocess
+    import sys
+
+    script = _LATER_TRAINING.replace("BACKEND", backend)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "trained True" in done.stdout

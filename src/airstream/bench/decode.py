@@ -13,7 +13,11 @@ timed interleaved, medians:
 - ``eager``; ``inductor`` (``torch.compile`` defaults);
 - ``airstream`` (one stream); ``auto_streams``; ``shared_expert`` (``shared_expert_overlap``,
   MoE models with a shared expert); ``max-autotune+streams`` (Inductor segments, with the shared
-  expert pass on models that have one, else ``auto_streams``).
+  expert pass on models that have one, else ``auto_streams``);
+- ``alt_stream`` (MoE models with a shared expert): the same weights with each MoE block
+  written as serving stacks write it, the shared expert under ``with alt_stream:`` and
+  ``wait_stream`` before and after (``selftest/alt_stream.py``), compiled with no pass: PyTorch's
+  own stream IR on airstream's streams. The report compares it with one stream.
 
 Every runner's logits are checked against eager's first. Compile time (the first compiled call)
 is reported apart. Tokens/s = B / step time.
@@ -126,6 +130,24 @@ def _backends(shared: str | None, inductor: bool) -> dict[str, Any]:
     return runners
 
 
+def _plain_backend() -> Any:
+    import airstream
+
+    config = airstream.CompilerConfig()
+    config.mode = "reduce-overhead"  # as the other airstream runners
+    return airstream.get_backend(compiler_config=config)
+
+
+def _alt_stream_model(name: str, device: str) -> Any:
+    """Model ``name`` again (the same weights), each MoE block's shared expert on one stream."""
+    from airstream.selftest.alt_stream import use_alt_stream
+
+    model, _ = build_model(name, device)
+    stream = torch.cuda.Stream() if device.startswith("cuda") else torch.Stream(device="cpu")
+    use_alt_stream(model, stream)
+    return model
+
+
 def decode_step(
     model: Any, backend: Any, batch: int, prompt: int, max_len: int
 ) -> tuple[Callable[[], torch.Tensor], float]:
@@ -188,6 +210,10 @@ def run_decode(
             steps[runner], compile_seconds[runner] = decode_step(
                 model, backend, batch, prompt, prompt + 8
             )
+        if shared is not None:  # the shared expert on a torch.Stream in the model's own code
+            steps["alt_stream"], compile_seconds["alt_stream"] = decode_step(
+                _alt_stream_model(name, device), _plain_backend(), batch, prompt, prompt + 8
+            )
         decisions = [
             g.graph_module.meta.get("airstream_auto_streams")
             for g in getattr(backends["auto_streams"], "graphs", [])
@@ -231,6 +257,12 @@ def format_decode(report: dict[str, Any]) -> str:
                 f"    {runner:<22} {figures['step_ms']:8.2f} ms/step "
                 f"{figures['tokens_per_s']:8.1f} tok/s  {baseline / figures['step_ms']:5.2f}x"
                 f"{compiled}"
+            )
+        if "alt_stream" in runners:
+            measured = runners["airstream"]["step_ms"] / runners["alt_stream"]["step_ms"]
+            lines.append(
+                f"    alt_stream (torch.Stream in the model's code, no pass) {measured:.2f}x "
+                "over one stream"
             )
         auto = runners.get("auto_streams", {})
         if "decision" in auto:

@@ -23,9 +23,11 @@ class Arch:
     options: dict[str, Any]
     shared_expert: str | None = None  # module-path regex of its shared expert
     experts: bool = False  # has routed experts
+    alt_stream: bool = False  # its MoE blocks put the shared expert on a torch.Stream
 
-    def build(self) -> torch.nn.Module:
-        """The model, eval mode, random weights (seeded)."""
+    def build(self, streams: bool = True) -> torch.nn.Module:
+        """The model, eval mode, random weights (seeded). ``streams=False``: an ``alt_stream``
+        model without its stream (the one-stream path serving code takes without one)."""
         try:
             import transformers
         except ModuleNotFoundError as error:
@@ -37,8 +39,19 @@ class Arch:
         config = getattr(transformers, self.config)(**self.options)
         torch.manual_seed(0)
         model: torch.nn.Module = getattr(transformers, self.model)(config)
+        if self.alt_stream:
+            from airstream.selftest.alt_stream import use_alt_stream
+
+            use_alt_stream(model, torch.Stream(device="cpu") if streams else None)
         return model.eval()
 
+
+_QWEN2_MOE = {
+    "moe_intermediate_size": 64,
+    "shared_expert_intermediate_size": 128,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+}
 
 _DECODER = {
     "vocab_size": VOCAB,
@@ -83,15 +96,19 @@ ARCHS: dict[str, Arch] = {
             "causal",
             "Qwen2MoeConfig",
             "Qwen2MoeForCausalLM",
-            {
-                **_DECODER,
-                "moe_intermediate_size": 64,
-                "shared_expert_intermediate_size": 128,
-                "num_experts": 4,
-                "num_experts_per_tok": 2,
-            },
+            {**_DECODER, **_QWEN2_MOE},
             shared_expert=r"shared_expert\b",
             experts=True,
+        ),
+        Arch(  # the shared expert on a torch.Stream in model code, as serving stacks write it
+            "qwen2_moe_alt",
+            "causal",
+            "Qwen2MoeConfig",
+            "Qwen2MoeForCausalLM",
+            {**_DECODER, **_QWEN2_MOE},
+            shared_expert=r"shared_expert\b",
+            experts=True,
+            alt_stream=True,
         ),
         Arch(
             "deepseek_v3",

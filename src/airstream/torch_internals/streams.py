@@ -324,3 +324,31 @@ def readable_name(source: str | None) -> str | None:
         return None
     match = re.search(r"(?:\.|\[')([A-Za-z_]\w*)'?\]?$", source)
     return match.group(1) if match else None
+
+
+def _detach_backward_snapshot() -> None:
+    """torch 2.15's AOTAutograd snapshots Dynamo's registry at each forward and restores it in
+    backward, reading it through a name imported once (``runtime_wrappers``), while each graph's
+    bytecode binds the registry's module name to a new list: the snapshot keeps reading the
+    first list ever filled, the objects of the first frame with streams compiled in the process.
+    Once one of those is gone and a later one lives, every later backward of any model fails
+    (``Index past the end of index_to_user_object_weakref``). Binding the name to a fresh list
+    before any frame fills it leaves the first list empty for good: the restore does nothing
+    (it restored the wrong objects anyway), and airstream's own backward graphs find their
+    objects without it. Only where the registry is that list form and nothing is in it yet."""
+    try:
+        registry = importlib.import_module(_REGISTRY)
+        wrappers = importlib.import_module("torch._functorch._aot_autograd.runtime_wrappers")
+    except ImportError:
+        return
+    first = getattr(registry, "index_to_external_object_weakref", None)
+    if (
+        isinstance(first, list)
+        and not first
+        and getattr(wrappers, "index_to_external_object_weakref", None) is first
+        and callable(getattr(registry, "store_user_object_weakrefs", None))
+    ):
+        registry.store_user_object_weakrefs()
+
+
+_detach_backward_snapshot()
