@@ -190,7 +190,7 @@ def test_a_stream_made_inside_the_compiled_function_is_its_own_stream() -> None:
         assert_same(compiled(x), x.sin() + x)
     graph = graph_of(backend, "inference")
     (label,) = graph.streams.side_streams
-    assert label.startswith("stream")  # Dynamo gives no variable for it: a stable index
+    assert label.startswith("stream#")  # Dynamo gives no variable for it: a stable index
     assert _on(graph, aten.sin.default) == [label]
 
 
@@ -354,7 +354,7 @@ def test_a_pass_reads_native_streams_and_may_write_native_form() -> None:
         assert_same(compiled(x), x.cos() + x.exp())
     graph = graph_of(backend, "inference")
     assert seen["cos"] == "side"
-    assert _on(graph, aten.exp.default) == [f"stream{seen['index']}"]
+    assert _on(graph, aten.exp.default) == [f"stream#{seen['index']}"]
 
 
 def test_a_native_op_given_an_event_for_a_stream_is_a_stream_error_naming_the_node() -> None:

@@ -7,7 +7,8 @@ Ascend/torchair (or at its ``docs`` folder)::
 
     python tools/torchair_doc_examples.py ~/src/torchair/docs/zh/ascend_ir [--json out.json]
 
-Every fenced Python block that imports both torch and torchair is written to a file and run in
+Every fenced Python block that imports torch and torchair (or torch_npu: npugraph_ex's pages)
+is written to a file and run in
 a fresh process in a scratch folder, with a time limit. A block fails when the process exits
 non-zero; the last line of its stderr says why. A block indented inside a list item is
 dedented. A block that stops on a ``NameError`` uses a name the page defines in prose or in
@@ -36,7 +37,7 @@ def examples(root: Path) -> list[tuple[str, int, str]]:
         text = md.read_text(errors="replace")
         for i, match in enumerate(BLOCK.finditer(text)):
             code = textwrap.dedent(match.group(1))
-            if "import torch" in code and "torchair" in code:
+            if "import torch" in code and ("torchair" in code or "torch_npu" in code):
                 found.append((str(md.relative_to(root)), i, code))
     return found
 

@@ -33,9 +33,20 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.fx
 from torch.fx.node import has_side_effect
 
-__all__ = ["AIR_OPS", "MARKER_OPS", "STREAM_LABEL_KEY", "STREAM_PRIORITY_KEY", "is_air_op"]
+from airstream.torch_internals import OpOverload, op_name
+
+__all__ = [
+    "AIR_OPS",
+    "MARKER_OPS",
+    "STREAM_LABEL_KEY",
+    "STREAM_PRIORITY_KEY",
+    "adopt_air_aliases",
+    "air_op_for",
+    "is_air_op",
+]
 
 STREAM_LABEL_KEY = "_user_stream_label"
 STREAM_PRIORITY_KEY = "_user_stream_priority"
@@ -110,3 +121,29 @@ for _op in AIR_OPS:
 def is_air_op(target: object) -> bool:
     """True if ``target`` (an FX node target) is one of the ``air`` ops."""
     return target in AIR_OPS
+
+
+# TorchAir's npugraph_ex package names the same ops torch.ops.npugraph_ex.* (TorchAir e27ea807);
+# the compat layer defines them where no torch_npu does, and passes may write either name.
+_ALIASED_NAMESPACES = ("npugraph_ex",)
+_BY_NAME = {op_name(op)[1]: op for op in AIR_OPS}
+
+
+def air_op_for(target: object) -> Any:
+    """The ``air`` op another namespace's op of the same name stands for (TorchAir's
+    ``npugraph_ex.scope_enter`` -> ``air.scope_enter``); None for anything else."""
+    if not isinstance(target, OpOverload) or target.namespace not in _ALIASED_NAMESPACES:
+        return None
+    return _BY_NAME.get(op_name(target)[1])
+
+
+def adopt_air_aliases(graph: torch.fx.Graph) -> int:
+    """Call the ``air`` op wherever a node calls its alias; returns how many were changed."""
+    changed = 0
+    for node in graph.nodes:
+        if node.op == "call_function":
+            op = air_op_for(node.target)
+            if op is not None:
+                node.target = op
+                changed += 1
+    return changed

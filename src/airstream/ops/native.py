@@ -45,6 +45,8 @@ __all__ = [
     "innermost_annotation",
     "native_streams_of",
     "native_index",
+    "CpuEvent",
+    "CpuStream",
     "NativeStreams",
     "current_stream",
     "native_device_synchronize",
@@ -132,9 +134,55 @@ def innermost_annotation(node: torch.fx.Node) -> tuple[str, Any] | None:
     return found
 
 
+# ---- CPU streams eager code can order -------------------------------------------------------
+
+
+class CpuStream(torch.Stream):
+    """A ``torch.Stream`` on the CPU whose ordering calls work in eager code too. Eager
+    PyTorch refuses them on CPU ("cpu backend doesn't support events"), yet eager CPU work runs
+    in program order on the calling thread, so there is nothing to wait for: ``wait_stream``,
+    ``wait_event`` and ``synchronize`` return at once. Compiled code uses it as any
+    ``torch.Stream`` (make it outside the compiled function: Dynamo cannot trace the subclass's
+    construction)."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> CpuStream:
+        return super().__new__(cls, device="cpu")
+
+    def wait_stream(self, stream: Any) -> None:
+        return None
+
+    def wait_event(self, event: Any) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
+class CpuEvent(torch.Event):
+    """A ``torch.Event`` on the CPU whose calls work in eager code (see :class:`CpuStream`)."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> CpuEvent:
+        return super().__new__(cls, device="cpu")
+
+    def record(self, stream: Any = None) -> None:
+        return None
+
+    def wait(self, stream: Any = None) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
 # ---- the caller's current stream on CPU ---------------------------------------------------------
 
-_cpu_current = torch.Stream(device="cpu")
+_cpu_current = CpuStream()
 
 
 def current_stream(device: torch.device | str | None = None) -> torch.Stream:
@@ -144,7 +192,8 @@ def current_stream(device: torch.device | str | None = None) -> torch.Stream:
     On CUDA (or any accelerator) this is ``torch.accelerator.current_stream()``. CPU has one
     stream in eager PyTorch and no such call that Dynamo traces, so airstream gives it one object
     that stands for the main stream: ``side.wait_stream(airstream.current_stream("cpu"))`` is the
-    CPU spelling of ``side.wait_stream(torch.cuda.current_stream())``."""
+    CPU spelling of ``side.wait_stream(torch.cuda.current_stream())``. It is a
+    :class:`CpuStream`: eager code may call its ordering methods too."""
     dev = torch.device(device) if device is not None else None
     if dev is None and torch.accelerator.is_available():
         return torch.accelerator.current_stream()
@@ -200,7 +249,7 @@ class NativeStreams:
                 self.labels[index] = None
                 continue
             base = torch_internals.readable_name(obj.source) or (
-                f"{'event' if is_event else 'stream'}{index}"
+                f"{'event' if is_event else 'stream'}#{index}"
             )
             name, n = base, 2
             while name in taken:

@@ -25,6 +25,7 @@ import torch.fx
 from airstream.config import CompilerConfig
 from airstream.effects import effects
 from airstream.errors import PassError, StreamError
+from airstream.ops.library import adopt_air_aliases
 from airstream.options import callable_source
 from airstream.passes.builtin import BUILTIN_PASSES, FINAL_PASSES
 from airstream.passes.builtin.reinplace import StreamLabels
@@ -165,6 +166,8 @@ class PassManager:
         seconds = time.perf_counter() - start
         if returned is not None and spec.stage in (PRE, POST):
             _warn_returned(spec, gm, returned)
+        if spec.stage in (PRE, POST):
+            adopt_air_aliases(gm.graph)  # TorchAir's npugraph_ex.* names for the air ops
         for node in gm.graph.nodes:
             if node not in before_nodes:
                 node.meta.setdefault("air_inserted_by", spec.name)

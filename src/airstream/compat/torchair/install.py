@@ -42,11 +42,78 @@ class _NpuDeviceMode(TorchFunctionMode):
         self.target = target
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if getattr(func, "__name__", None) == "record_stream" and self.target == "cpu":
+            return None  # a CPU tensor lives as long as it is referenced: nothing to record
         kwargs = dict(kwargs or {})
         if "device" in kwargs:
             kwargs["device"] = _map(kwargs["device"], self.target)
         args = tuple(_map(a, self.target) for a in args)
         return func(*args, **kwargs)
+
+
+class _NpuEvent:
+    """``torch.npu.Event()`` on a CPU: a ``torch.Event`` whose ``record()`` and ``wait()``
+    without a stream mean the current ``torch.npu.stream`` block's stream (or the main stream),
+    passed explicitly, because Dynamo knows no current stream on a machine without an
+    accelerator. Eagerly (and after a graph break) its calls do nothing: CPU work runs in
+    program order."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.event = torch.Event(device="cpu")
+
+    def record(self, stream: Any = None) -> None:
+        if torch.compiler.is_compiling():
+            self.event.record(stream if stream is not None else _cpu_current_stream())
+
+    def wait(self, stream: Any = None) -> None:
+        if torch.compiler.is_compiling():
+            self.event.wait(stream if stream is not None else _cpu_current_stream())
+
+    def synchronize(self) -> None:
+        if torch.compiler.is_compiling():
+            self.event.synchronize()
+
+    def query(self) -> bool:
+        return True
+
+
+_cpu_streams: list[Any] = []  # the torch.npu.stream blocks entered, innermost last
+
+
+def _cpu_current_stream(*args: Any, **kwargs: Any) -> Any:
+    from airstream.ops.native import current_stream
+
+    return _cpu_streams[-1] if _cpu_streams else current_stream("cpu")
+
+
+def _cpu_new_stream(*args: Any, **kwargs: Any) -> Any:
+    """``torch.npu.Stream()``: a ``torch.Stream`` on the CPU (in compiled code one Dynamo
+    traces; eagerly one whose ordering calls work in eager code)."""
+    if torch.compiler.is_compiling():
+        return torch.Stream(device="cpu")
+    from airstream.ops.native import CpuStream
+
+    return CpuStream()
+
+
+@contextlib.contextmanager
+def _cpu_stream(stream: Any = None) -> Iterator[Any]:
+    """``with torch.npu.stream(s):``: ``with s:`` (the block Dynamo records), remembered as the
+    current stream for events recorded without one."""
+    if stream is None:
+        yield None
+        return
+    _cpu_streams.append(stream)
+    try:
+        with stream:
+            yield stream
+    finally:
+        _cpu_streams.pop()
+
+
+def _cpu_set_stream(stream: Any) -> None:
+    if _cpu_streams:
+        _cpu_streams[-1] = stream
 
 
 def _npu_namespace(target: str) -> types.SimpleNamespace:
@@ -55,58 +122,26 @@ def _npu_namespace(target: str) -> types.SimpleNamespace:
     def _noop(*args: Any, **kwargs: Any) -> None:
         return None
 
-    class _CpuStream:
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            pass
+    def _default_stream(*args: Any, **kwargs: Any) -> Any:
+        from airstream.ops.native import current_stream
 
-        def wait_stream(self, other: Any) -> None:
-            pass
+        return current_stream("cpu")
 
-        def synchronize(self) -> None:
-            pass
-
-        def query(self) -> bool:
-            return True
-
-    class _CpuEvent:
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-        def record(self, stream: Any = None) -> None:
-            pass
-
-        def wait(self, stream: Any = None) -> None:
-            pass
-
-        def synchronize(self) -> None:
-            pass
-
-    current: list[_CpuStream] = [_CpuStream()]
-
-    @contextlib.contextmanager
-    def _cpu_stream(stream: Any = None) -> Iterator[Any]:
-        # CPU code runs in program order on this thread: the stream only reads back
-        current.append(stream if stream is not None else current[-1])
-        try:
-            yield stream
-        finally:
-            current.pop()
-
-    def _cpu_set_stream(stream: Any) -> None:
-        current[-1] = stream
+    from airstream.compat.torchair import npugraph_ex
 
     return types.SimpleNamespace(
+        npugraph_ex=npugraph_ex,
         is_available=lambda: True,
         device_count=(torch.cuda.device_count if cuda else (lambda: 1)),
         synchronize=(torch.cuda.synchronize if cuda else _noop),
         set_device=(torch.cuda.set_device if cuda else _noop),
         current_device=(torch.cuda.current_device if cuda else (lambda: 0)),
-        current_stream=(torch.cuda.current_stream if cuda else (lambda *a, **k: current[-1])),
-        default_stream=(torch.cuda.default_stream if cuda else (lambda *a, **k: current[0])),
+        current_stream=(torch.cuda.current_stream if cuda else _cpu_current_stream),
+        default_stream=(torch.cuda.default_stream if cuda else _default_stream),
         stream=(torch.cuda.stream if cuda else _cpu_stream),
         set_stream=(torch.cuda.set_stream if cuda else _cpu_set_stream),
-        Stream=(torch.cuda.Stream if cuda else _CpuStream),
-        Event=(torch.cuda.Event if cuda else _CpuEvent),
+        Stream=(torch.cuda.Stream if cuda else _cpu_new_stream),
+        Event=(torch.cuda.Event if cuda else _NpuEvent),
         manual_seed=(torch.cuda.manual_seed if cuda else torch.manual_seed),
         manual_seed_all=(torch.cuda.manual_seed_all if cuda else torch.manual_seed),
         empty_cache=(torch.cuda.empty_cache if cuda else _noop),
@@ -114,10 +149,16 @@ def _npu_namespace(target: str) -> types.SimpleNamespace:
 
 
 def _register_npu_backend(compat: Any) -> None:
-    """``torch.compile(backend="npu")``: torch_npu registers TorchAir's default backend so."""
+    """``torch.compile(backend="npu")``: torch_npu registers TorchAir's default backend so;
+    ``backend="npugraph_ex"``: TorchAir's npugraph_ex package, its graph-capture mode, with its
+    ``torch.ops.npugraph_ex`` names for the air ops."""
     from airstream import torch_internals
 
     torch_internals.register_backend("npu", compat.get_npu_backend())
+    npugraph_ex = compat.CompilerConfig()
+    npugraph_ex.mode.value = "npugraph_ex"
+    torch_internals.register_backend("npugraph_ex", compat.get_npu_backend(npugraph_ex))
+    compat.ops.define_npugraph_ex_ops()
 
 
 def installed_device() -> str | None:

@@ -105,3 +105,32 @@ def npu_print(*args: object, summarize_size: int = 3, tensor_detail: bool = Fals
             parts.append(placeholder)
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     torch.ops.air.print(tensors, " ".join(parts), placeholder, summarize_size, tensor_detail)
+
+
+_NPUGRAPH_EX_SCHEMAS = {
+    "scope_enter": "scope_enter(str[] keys, str[] values, bool need_execute=False) -> ()",
+    "scope_exit": "scope_exit(bool need_execute=False) -> ()",
+    "record": "record(*, Device? device=None) -> Tensor",
+    "wait": "wait(Tensor[] x) -> ()",
+    "wait_tensor": "wait_tensor(Tensor self, Tensor dependency) -> Tensor",
+}
+_npugraph_ex_lib: list[torch.library.Library] = []
+
+
+def define_npugraph_ex_ops() -> None:
+    """``torch.ops.npugraph_ex.scope_enter/scope_exit/record/wait/wait_tensor``, the names
+    TorchAir's npugraph_ex package gives the air ops (TorchAir e27ea807), for passes written
+    against it; each runs as its air op, and airstream's pass manager reads them as the air ops.
+    Defined once, and only where no torch_npu defined them."""
+    from torch.fx.node import has_side_effect
+
+    if _npugraph_ex_lib or hasattr(torch.ops.npugraph_ex, "scope_enter"):
+        return
+    lib = torch.library.Library("npugraph_ex", "FRAGMENT")
+    for name, schema in _NPUGRAPH_EX_SCHEMAS.items():
+        air_op = getattr(torch.ops.air, name).default
+        lib.define(schema)
+        lib.impl(name, air_op, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"npugraph_ex::{name}", air_op, lib=lib)
+        has_side_effect(getattr(torch.ops.npugraph_ex, name).default)
+    _npugraph_ex_lib.append(lib)
