@@ -42,6 +42,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
             {
                 "__init__",
                 "explain",
+                "inductor",
                 "demo",
                 "cli",
                 "run_report",

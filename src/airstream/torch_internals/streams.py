@@ -29,6 +29,7 @@ __all__ = [
     "ControlDeps",
     "NativeObject",
     "control_deps_parts",
+    "custom_graph_pass",
     "is_external_object",
     "native_method_call",
     "native_object_at_run_time",
@@ -39,6 +40,7 @@ __all__ = [
     "new_native_stream",
     "is_native_stream_key",
     "readable_name",
+    "register_current_stream",
     "rename_native_stream_annotation",
     "set_native_stream_index",
     "streams_op",
@@ -306,6 +308,29 @@ def _register_new(kind: str, device: torch.device) -> int:
     return index
 
 
+def register_current_stream(device: torch.device) -> int:
+    """The registry index of the caller's current stream on ``device``, registered now (the
+    graph's bytecode reads it before every call). CPU has no current stream in torch; there it
+    is airstream's object for the main stream (``airstream.current_stream("cpu")``)."""
+    module = importlib.import_module("torch._dynamo.variables.streams")
+    if device.type != "cpu":
+        index: int = module.get_current_stream(device)
+        return index
+    registry = importlib.import_module(_REGISTRY)
+    call = _attr("torch._dynamo.bytecode_transformation:create_call_function")
+    native = importlib.import_module("airstream.ops.native")
+
+    def build(index: int, codegen: Any) -> None:  # stash_graph_created_object(<the object>)
+        codegen.add_push_null(
+            lambda: codegen.load_import_from(registry.__name__, "stash_graph_created_object")
+        )
+        codegen.load_import_from(native.__name__, "_cpu_current")
+        codegen.extend_output(call(1, False))
+
+    found: int = registry.register_graph_created_object(native.current_stream("cpu"), build)
+    return found
+
+
 def new_native_stream(device: torch.device) -> int:
     """A new stream on ``device`` for a pass writing native form: its registry index, valid for
     the graph being compiled (only while Dynamo compiles one)."""
@@ -324,6 +349,28 @@ def readable_name(source: str | None) -> str | None:
         return None
     match = re.search(r"(?:\.|\[')([A-Za-z_]\w*)'?\]?$", source)
     return match.group(1) if match else None
+
+
+@_feature(
+    "custom_graph_pass",
+    "torch._inductor.custom_graph_pass.CustomGraphPass (__call__(graph), uuid()) and "
+    "get_hash_for_files",
+    "inductor-pass",
+    "handing airstream's stream passes to Inductor as post-grad custom passes",
+)
+def _probe_custom_graph_pass() -> tuple[type, Any]:
+    module = importlib.import_module("torch._inductor.custom_graph_pass")
+    base = module.CustomGraphPass
+    for name in ("__call__", "uuid"):
+        if not callable(getattr(base, name, None)):
+            raise AttributeError(f"CustomGraphPass has no {name}()")
+    return base, module.get_hash_for_files
+
+
+def custom_graph_pass() -> tuple[type, Any]:
+    """torch's ``CustomGraphPass`` base class and its ``get_hash_for_files``."""
+    found: tuple[type, Any] = _get("custom_graph_pass")
+    return found
 
 
 def _detach_backward_snapshot() -> None:
