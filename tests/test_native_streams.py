@@ -433,3 +433,26 @@ def test_a_later_model_trains_after_the_first_native_stream_frame_is_gone(backen
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "trained True" in done.stdout
+
+
+def test_a_graph_break_inside_a_stream_block_warns_at_the_block() -> None:
+    """torch cannot resume a frame inside a stream block: Dynamo runs the frame eagerly and the
+    streams are lost. airstream's CpuStream (airstream.current_stream('cpu'), TorchAir's
+    torch.npu.Stream here) says so at the block's line instead of staying silent."""
+    from airstream.ops.native import CpuStream
+
+    block = CpuStream()
+    graph_break = torch_internals.dynamo_graph_break()
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        with block:
+            y = x.sin()
+            graph_break()
+            z = y.cos()
+        return z + 1
+
+    compiled, backend = compile_model(f)
+    with pytest.warns(UserWarning, match="torch.Stream block ran eagerly") as caught:
+        assert_same(compiled(torch.ones(3)), f(torch.ones(3)))
+    assert caught[0].filename == __file__
+    assert backend.graphs == []  # torch ran the frame eagerly

@@ -27,6 +27,7 @@ Eager kernels do nothing: these ops exist only in graphs airstream lowers and ru
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +36,7 @@ import torch
 from torch.fx.node import has_side_effect
 
 from airstream import torch_internals
-from airstream.ops.stream import STREAM_ANNOTATION
+from airstream.ops.stream import STREAM_ANNOTATION, eager_under_torch_compile
 
 __all__ = [
     "NATIVE_HOST_SYNCS",
@@ -147,6 +148,18 @@ class CpuStream(torch.Stream):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> CpuStream:
         return super().__new__(cls, device="cpu")
+
+    def __enter__(self) -> Any:
+        if eager_under_torch_compile():  # Dynamo traces the block; this is eager code
+            warnings.warn(
+                "airstream: a torch.Stream block ran eagerly inside a torch.compile'd call: "
+                "Dynamo fell back to eager for this frame, usually because of a graph break "
+                "inside the block (torch cannot yet resume inside a stream block), so its ops "
+                "run without streams. Compile with fullgraph=True to see the break, and move it "
+                "out of the block.",
+                stacklevel=2,
+            )
+        return super().__enter__()
 
     def wait_stream(self, stream: Any) -> None:
         return None

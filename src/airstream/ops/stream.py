@@ -11,7 +11,7 @@ import torch
 from airstream.ops.library import STREAM_LABEL_KEY, STREAM_PRIORITY_KEY
 from airstream.torch_internals import annotate, dynamo_skip, eval_frame_callback_getter
 
-__all__ = ["STREAM_ANNOTATION", "STREAM_PRIORITY_ANNOTATION", "stream"]
+__all__ = ["STREAM_ANNOTATION", "STREAM_PRIORITY_ANNOTATION", "eager_under_torch_compile", "stream"]
 
 # node.meta["custom"] keys; "stream" itself belongs to Inductor.
 STREAM_ANNOTATION = "air_stream"
@@ -22,7 +22,7 @@ _eval_frame_callback = eval_frame_callback_getter()  # a C function, or None
 
 
 @dynamo_skip  # never traced, and the frame hook stays visible inside
-def _under_torch_compile() -> bool:
+def eager_under_torch_compile() -> bool:
     """True when eager code runs inside a torch.compile'd call (Dynamo's frame hook is set).
     Only C calls in here: a Python call would open a frame Dynamo tries to compile."""
     get = _eval_frame_callback
@@ -50,7 +50,7 @@ def stream(label: str, priority: int = 0) -> Iterator[None]:
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise ValueError(f"airstream.stream: priority must be an int, got {priority!r}")
     if not torch.compiler.is_compiling():
-        if _under_torch_compile():
+        if eager_under_torch_compile():
             warnings.warn(
                 f"airstream.stream({label!r}) ran eagerly inside a torch.compile'd call: Dynamo "
                 "fell back to eager for this frame, usually because of a graph break inside the "
