@@ -3,7 +3,10 @@
 Rules (docs/design.md section 3): the main stream is label ``None``; a node between ``scope_enter``
 (key ``_user_stream_label``) and its matching ``scope_exit`` runs on that label, scopes nest and
 the innermost label wins; a node outside every stream scope may carry
-``node.meta["custom"]["air_stream"]``; else it is on the main stream. ``getitem`` (tuple indexing,
+``node.meta["custom"]["air_stream"]`` or a ``torch.Stream`` block's registry index (read through
+the graph's ``NativeStreams`` table; the later of the two annotations is the inner block), and
+inside a scope a native index is inner unless the scope was opened inside that block; else it is
+on the main stream. ``getitem`` (tuple indexing,
 no kernel) runs on its producer's stream, wherever it sits. ``scope_enter``/``scope_exit`` sit on
 the stream around the scope they open/close, in every model (an annotation never moves them).
 Other scope keys are kept in ``node.meta["air_scope"]``. With ``ge_config.enable_single_stream``
