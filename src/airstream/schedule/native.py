@@ -86,21 +86,13 @@ class _Op:
 
 def has_native_streams(gm: torch.fx.GraphModule) -> bool:
     """Does ``gm`` use PyTorch's stream IR (cheap: no registry access for plain graphs)?"""
-    for node in gm.graph.nodes:
-        if native_index(node) is not None:
-            return True
-        if node.op == "call_method" and node.target in ("wait_stream", "wait_event"):
-            return True
-        if node.op == "call_function" and (
-            torch_internals.native_stream_op(node.target) is not None
-            or getattr(node.target, "__name__", None) == "get_external_object_by_index"
-            or "control_deps" in str(node.target)
-        ):
-            return True
-    return False
+    return any(
+        native_index(node) is not None or torch_internals.mentions_native_ir(node)
+        for node in gm.graph.nodes
+    )
 
 
-def _collect(gm: torch.fx.GraphModule, report: NativeLowering) -> list[_Op]:
+def _collect(gm: torch.fx.GraphModule) -> list[_Op]:
     """Every native op of ``gm`` in program order, whatever form the torch release wrote."""
     found: list[_Op] = []
     for node in list(gm.graph.nodes):
@@ -119,11 +111,11 @@ def _collect(gm: torch.fx.GraphModule, report: NativeLowering) -> list[_Op]:
         elif node.op == "call_method":
             call = torch_internals.native_method_call(node)
             if call is not None:
-                found.append(_method_op(node, *call, report))
+                found.append(_method_op(node, *call))
     return found
 
 
-def _method_op(node: torch.fx.Node, method: str, objects: list[int], report: NativeLowering) -> _Op:
+def _method_op(node: torch.fx.Node, method: str, objects: list[int]) -> _Op:
     """torch 2.11's method calls as the ops later releases write."""
     if method == "wait_stream" and len(objects) == 2:
         return _Op(node, "wait_stream", (objects[0], objects[1]))
@@ -465,7 +457,7 @@ def lower_native_streams(
     attach_native_streams(gm, table)
     lowering = _Lowerer(gm, table, graph_kind)
     lowering.report.annotated = _move_annotations(gm)
-    ops = _collect(gm, lowering.report)
+    ops = _collect(gm)
     if ops:
         lowering.lower(ops, _contexts(gm))
     _drop_dead_objects(gm)

@@ -31,6 +31,7 @@ __all__ = [
     "control_deps_parts",
     "custom_graph_pass",
     "is_external_object",
+    "mentions_native_ir",
     "native_method_call",
     "native_object_at_run_time",
     "native_objects",
@@ -202,6 +203,25 @@ def control_deps_parts(gm: torch.fx.GraphModule, node: torch.fx.Node) -> Control
     results = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
     returned = {i: None if r is calls[0] else to_outer(r) for i, r in enumerate(results)}
     return ControlDeps(calls[0].target, tuple(to_outer(a) for a in calls[0].args), returned)
+
+
+def mentions_native_ir(node: torch.fx.Node) -> bool:
+    """Cheap, for any node: does it belong to PyTorch's stream IR (a stream annotation, a
+    ``streams`` op, a ``control_deps`` wrapper, a registry object, a 2.11 stream method call)?
+    No registry access for the nodes of a plain graph."""
+    if native_stream_index(node) is not None:
+        return True
+    if node.op == "call_method":
+        return node.target in ("wait_stream", "wait_event")
+    if node.op != "call_function":
+        return False
+    target = node.target
+    if isinstance(target, (OperatorBase, OpOverloadPacket)):
+        overload = getattr(target, "default", target)
+        return getattr(overload, "namespace", None) == "streams" or _is_hop(target, "control_deps")
+    return getattr(target, "__name__", None) == "get_external_object_by_index" and (
+        getattr(target, "__module__", None) == _REGISTRY
+    )
 
 
 def is_external_object(node: torch.fx.Node) -> bool:
