@@ -7,6 +7,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from airstream.debug.report import native_call_text
 from airstream.nodes import segment_of, source_line, target_name, torch_function_name
 from airstream.ops.library import (
     STREAM_LABEL_KEY,
@@ -162,9 +163,8 @@ def _node_attrs(
             tooltip=f"fused: {', '.join(seg.segment.nodes)}",
         )
     else:
-        attrs.update(
-            fillcolor=fill, label=f"{node.name}\n{op_label(node)}\n[{_stream_name(label)}]"
-        )
+        text = native_call_text(node) or op_label(node)  # a native op: its streams by name
+        attrs.update(fillcolor=fill, label=f"{node.name}\n{text}\n[{_stream_name(label)}]")
     return attrs
 
 

@@ -14,7 +14,14 @@ from airstream.ops.library import record, scope_enter, scope_exit, wait, wait_te
 from airstream.ops.native import NativeStreams, native_streams_of
 from airstream.streams import StreamAssignment
 
-__all__ = ["ControlEdge", "control_edges", "format_segments", "format_streams", "stream_name"]
+__all__ = [
+    "ControlEdge",
+    "control_edges",
+    "format_segments",
+    "format_streams",
+    "native_call_text",
+    "stream_name",
+]
 
 
 def stream_name(label: str | None) -> str:
@@ -72,6 +79,22 @@ def _arg_text(node: torch.fx.Node, position: int, arg: Any, table: NativeStreams
         if name is None and torch_internals.is_external_object(node):
             return f"{arg} ({table.name(arg)})"
     return str(arg)
+
+
+def native_call_text(node: torch.fx.Node) -> str | None:
+    """A PyTorch stream-IR node as people read it, its streams and events by name
+    (``streams.wait_stream(alt_stream, main)``, ``get_external_object_by_index(alt_stream)``);
+    None for any other node, or without the graph's table."""
+    gm = node.graph.owning_module
+    table = native_streams_of(gm) if isinstance(gm, torch.fx.GraphModule) else None
+    if table is None or node.op != "call_function":
+        return None
+    if torch_internals.native_stream_op(node.target) is None and not (
+        torch_internals.is_external_object(node)
+    ):
+        return None
+    args = ", ".join(_arg_text(node, i, a, table) for i, a in enumerate(node.args))
+    return f"{target_name(node)}({args})"
 
 
 def format_streams(gm: torch.fx.GraphModule, streams: StreamAssignment) -> str:
