@@ -20,6 +20,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from airstream import torch_internals
 from airstream.ops.native import NativeStreams
+from airstream.ops.native import native_streams_of as native_table
 from airstream.runtime.cuda import CudaExecutor
 from airstream.runtime.cuda_graphs import CudaGraphExecutor, capture_blockers
 from airstream.runtime.native import NativeObjects
@@ -205,3 +206,48 @@ def test_cuda_native_side_stream_is_the_models_own(mode: str) -> None:
     if mode == "default":
         (side,) = inner.side_streams(capturing=False)
         assert side.cuda_stream == alt.cuda_stream
+
+
+def test_the_serving_moe_block_runs_its_side_on_the_users_stream_on_the_standin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shared-expert block as serving stacks write it (selftest/alt_stream.py), compiled
+    through Dynamo, then issued by the CUDA runtime with the stand-in as the model's CUDA
+    stream: its shared expert is issued on the model's stream object, and the result is eager's."""
+    from airstream.selftest.alt_stream import AltStreamMoe
+    from airstream.selftest.architectures import ARCHS
+
+    model = ARCHS["qwen2_moe_alt"].build()
+    block = next(m for m in model.modules() if isinstance(m, AltStreamMoe))
+    compiled, backend = compile_model(block)
+    hidden = torch.randn(1, 6, 64)
+    with torch.no_grad():
+        want = block.block(hidden)  # the block in one piece
+        assert_same(compiled(hidden), want, rtol=1e-5, atol=1e-5)
+    graph = graph_of(backend, "inference")
+    runs = type(graph.executor).__call__
+    args_seen: list[list[Any]] = []
+
+    def seen(self: Any, args: list[Any]) -> Any:  # the arguments AOTAutograd passes
+        args_seen.append(list(args))
+        return runs(self, args)
+
+    monkeypatch.setattr(type(graph.executor), "__call__", seen)
+    with torch.no_grad():
+        compiled(hidden)
+    (args,) = args_seen
+    table = NativeStreams(
+        labels=dict(native_table(graph.graph_module).labels),
+        devices=dict.fromkeys(native_table(graph.graph_module).devices, "cuda"),
+        names=dict(native_table(graph.graph_module).names),
+    )
+    api = StandInCuda()
+    theirs = Stream(api, "models_alt_stream", 0)
+    (index,) = table.native_labels.values()
+    native = NativeObjects(table, resolve={index: theirs}.__getitem__)
+    executor = CudaExecutor(graph.graph_module, graph.plan, CUDA0, api=api, native=native)
+    with torch.no_grad():
+        got = executor(args)
+    assert_same(got[0], want, rtol=1e-5, atol=1e-5)
+    uses = [e[1] for e in api.log if e[0] == "use"]
+    assert "models_alt_stream" in uses
