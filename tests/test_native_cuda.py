@@ -251,3 +251,36 @@ def test_the_serving_moe_block_runs_its_side_on_the_users_stream_on_the_standin(
     assert_same(got[0], want, rtol=1e-5, atol=1e-5)
     uses = [e[1] for e in api.log if e[0] == "use"]
     assert "models_alt_stream" in uses
+
+
+def test_waiting_for_a_users_stream_that_runs_nothing_in_the_graph_still_waits() -> None:
+    """``current.wait_stream(copy)`` where ``copy`` only ran work before the call (a
+    non_blocking copy): the caller's stream waits for the user's stream itself."""
+    with FakeTensorMode():
+        fakes = [torch.empty(4, 4, device=CUDA0), torch.empty(4, 4, device=CUDA0)]
+    gm = make_fx(_model, tracing_mode="fake")(*fakes)
+    first = next(n for n in gm.graph.nodes if n.op == "call_function")
+    with gm.graph.inserting_before(first):
+        gm.graph.call_function(torch_internals.streams_op("wait_stream"), (MAIN, ALT))
+    gm.recompile()
+    lower_native_streams(gm, _table(), graph_kind="inference")
+    api = StandInCuda()
+    executor, _ = _executor(api, gm)
+    caller = api.current_stream(CUDA0)
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    api.log.clear()
+    assert_same(executor([x, w]), _model(x, w))
+    assert ("wait_stream", caller.name, "alt") in api.log
+    assert executor.side_streams(capturing=False) == []  # alt runs nothing: no fork, no join
+
+
+def test_a_backward_graph_finds_the_forward_calls_objects() -> None:
+    """Backward graphs run outside Dynamo's bytecode: they use the objects the last forward
+    call used, else the ones seen at compile time (held, so they outlive Dynamo's own list)."""
+    table = _table()
+    compiled_with = Stream(StandInCuda(), "alt_at_compile", 0)
+    table.objects[ALT] = compiled_with
+    backward = NativeObjects(table, at_run_time=False)
+    assert backward.get(ALT) is compiled_with
+    table.seen[ALT] = forward_call = Stream(StandInCuda(), "alt_this_call", 0)
+    assert backward.get(ALT) is forward_call

@@ -456,3 +456,18 @@ def test_a_graph_break_inside_a_stream_block_warns_at_the_block() -> None:
         assert_same(compiled(torch.ones(3)), f(torch.ones(3)))
     assert caught[0].filename == __file__
     assert backend.graphs == []  # torch ran the frame eagerly
+
+
+def test_a_current_stream_dynamo_registers_while_compiling_is_main(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Dynamo's get_current_stream (AOTAutograd calls it for its own syncs on CUDA) registers
+    the caller's stream with a constructor of its own, not a source: still the main stream, not
+    a side stream of its own."""
+    from airstream.ops.native import NativeStreams
+
+    stand_in = torch.Stream(device="cpu")  # the caller's "CUDA" stream
+    monkeypatch.setattr(torch.accelerator, "current_stream", lambda *a, **k: stand_in)
+    index = torch_internals.register_current_stream(torch.device("cuda"))
+    table = NativeStreams.from_registry()
+    assert table.label(index) is None and table.name(index) == "main"

@@ -26,6 +26,7 @@ import hashlib
 import inspect
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import is_dataclass
 from typing import Any
 
 import torch
@@ -34,7 +35,8 @@ import torch.fx
 import airstream
 from airstream import torch_internals
 from airstream.passes.manager import pass_name
-from airstream.schedule.native_out import NativeWritten, write_native
+from airstream.schedule.native import has_native_streams
+from airstream.schedule.native_out import NativeWritten, device_of, write_native
 
 __all__ = ["for_inductor"]
 
@@ -42,21 +44,21 @@ GraphPass = Callable[[torch.fx.GraphModule, Sequence[Any], Any], None]
 
 
 def _settings(graph_pass: GraphPass) -> str:
-    """The pass's name and the simple values it was made with (a factory's arguments)."""
+    """The pass's name and the values it was made with (a factory's arguments: plain values and
+    dataclasses, such as auto_streams' MachineCosts, by their repr)."""
     cells = []
     for cell in getattr(graph_pass, "__closure__", None) or ():
-        value = cell.cell_contents
-        if isinstance(value, (int, float, str, bool, type(None))):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # a cell not filled yet
+            continue
+        if isinstance(value, (int, float, str, bool, type(None))) or is_dataclass(value):
             cells.append(repr(value))
     return f"{pass_name(graph_pass)}({', '.join(cells)})"
 
 
-def _on_cpu(gm: torch.fx.GraphModule) -> bool:
-    for node in gm.graph.nodes:
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            return val.device.type == "cpu"
-    return True
+def _backward(gm: torch.fx.GraphModule) -> bool:
+    return any(n.name.startswith("tangents") for n in gm.graph.find_nodes(op="placeholder"))
 
 
 def for_inductor(graph_pass: GraphPass, *, on_cpu: bool = False) -> Any:
@@ -81,17 +83,33 @@ def for_inductor(graph_pass: GraphPass, *, on_cpu: bool = False) -> Any:
             gm = graph.owning_module
             if not isinstance(gm, torch.fx.GraphModule):
                 raise TypeError("for_inductor: the graph has no GraphModule (not Inductor's?)")
-            if _on_cpu(gm) and not on_cpu:
-                warnings.warn(
-                    f"airstream: for_inductor({settings}) leaves a CPU graph as it is: "
-                    "Inductor's CPU code cannot run streams. Compile with airstream's backend "
-                    "(torch.compile(model, backend=airstream.get_backend(config))) to run the "
-                    "pass on CPU streams.",
-                    stacklevel=2,
-                )
+            why = self._declined(gm)
+            if why is not None:
+                warnings.warn(f"airstream: for_inductor({settings}) {why}", stacklevel=2)
                 return
             self.graph_pass(gm, [], None)
             self.written.append(write_native(gm))
+
+        def _declined(self, gm: torch.fx.GraphModule) -> str | None:
+            """Why this graph is handed on as it is, or None."""
+            if device_of(gm).type == "cpu" and not on_cpu:
+                return (
+                    "leaves a CPU graph as it is: Inductor's CPU code cannot run streams. "
+                    "Compile with airstream's backend (torch.compile(model, "
+                    "backend=airstream.get_backend(config))) to run the pass on CPU streams."
+                )
+            if _backward(gm):
+                return (
+                    "leaves a backward graph as it is: Inductor compiles it at the first "
+                    "backward, after Dynamo's bytecode is made, so the stream objects it would "
+                    "need could not be built for the calls. Forward graphs get their streams."
+                )
+            if has_native_streams(gm):
+                return (
+                    "leaves a graph with the model's own torch.Stream blocks or events as it "
+                    "is: its streams are the model's."
+                )
+            return None
 
         def uuid(self) -> Any:
             files = hash_files((source,)) if source else b""

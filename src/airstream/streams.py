@@ -42,7 +42,7 @@ from airstream.ops.native import (
     native_streams_of,
 )
 from airstream.ops.stream import STREAM_ANNOTATION, STREAM_PRIORITY_ANNOTATION
-from airstream.torch_internals import stream_annotations
+from airstream.torch_internals import node_value, stream_annotations
 
 __all__ = ["StreamAssignment", "assign_streams"]
 
@@ -138,7 +138,7 @@ def _parse_priority(node: torch.fx.Node, raw: object) -> int:
 
 
 def _is_tensor_node(arg: object) -> bool:
-    return isinstance(arg, torch.fx.Node) and isinstance(arg.meta.get("val"), torch.Tensor)
+    return isinstance(arg, torch.fx.Node) and isinstance(node_value(arg), torch.Tensor)
 
 
 def _check_wait(node: torch.fx.Node) -> None:

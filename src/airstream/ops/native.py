@@ -17,11 +17,14 @@ compiled region sees it, waiting for an event recorded outside it, the host sync
     air::native_event_record(int event) -> ()        # record the user's event here
     air::native_event_wait(int event) -> ()          # this stream waits for it
     air::native_event_synchronize(int event) -> ()   # the host waits for it
+    air::native_wait_stream(int stream) -> ()        # this stream waits for the user's stream
     air::native_stream_synchronize(int stream) -> () # the host waits for the user's stream
     air::native_device_synchronize() -> ()           # the host waits for the device
     air::native_record_stream(Tensor t, int stream) -> ()  # Tensor.record_stream
 
-Eager kernels do nothing: these ops exist only in graphs airstream lowers and runs.
+The CUDA runtime issues them on the call's streams itself. Their kernels, which the serial and
+data-dump executors (``debug.run_eagerly``, ``debug.data_dump``) run in program order on the
+caller's stream, do the same with the objects Dynamo stored for the call in progress.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ __all__ = [
     "native_event_wait",
     "native_record_stream",
     "native_stream_synchronize",
+    "native_wait_stream",
 ]
 
 _lib = torch.library.Library("air", "FRAGMENT")
@@ -63,6 +67,7 @@ _SCHEMAS = {
     "native_event_record": "native_event_record(int event) -> ()",
     "native_event_wait": "native_event_wait(int event) -> ()",
     "native_event_synchronize": "native_event_synchronize(int event) -> ()",
+    "native_wait_stream": "native_wait_stream(int stream) -> ()",
     "native_stream_synchronize": "native_stream_synchronize(int stream) -> ()",
     "native_device_synchronize": "native_device_synchronize() -> ()",
     "native_record_stream": "native_record_stream(Tensor t, int stream) -> ()",
@@ -73,14 +78,33 @@ def _nothing(*args: Any, **kwargs: Any) -> None:
     return None
 
 
+def _object(index: int) -> Any:
+    return torch_internals.native_object_at_run_time(index)
+
+
+def _current() -> Any:
+    return torch.accelerator.current_stream()
+
+
+_KERNELS: dict[str, Any] = {  # in program order on the caller's current stream
+    "native_event_record": lambda event: _object(event).record(_current()),
+    "native_event_wait": lambda event: _object(event).wait(_current()),
+    "native_event_synchronize": lambda event: _object(event).synchronize(),
+    "native_wait_stream": lambda stream: _current().wait_stream(_object(stream)),
+    "native_stream_synchronize": lambda stream: _object(stream).synchronize(),
+    "native_device_synchronize": lambda: torch.accelerator.synchronize(),
+    "native_record_stream": lambda t, stream: t.record_stream(_object(stream)),
+}
+
 for _name, _schema in _SCHEMAS.items():
     _lib.define(_schema)
-    _lib.impl(_name, _nothing, "CompositeExplicitAutograd")
+    _lib.impl(_name, _KERNELS[_name], "CompositeExplicitAutograd")
     torch.library.register_fake(f"air::{_name}", _nothing, lib=_lib)
 
 native_event_record = torch.ops.air.native_event_record.default
 native_event_wait = torch.ops.air.native_event_wait.default
 native_event_synchronize = torch.ops.air.native_event_synchronize.default
+native_wait_stream = torch.ops.air.native_wait_stream.default
 native_stream_synchronize = torch.ops.air.native_stream_synchronize.default
 native_device_synchronize = torch.ops.air.native_device_synchronize.default
 native_record_stream = torch.ops.air.native_record_stream.default
@@ -89,6 +113,7 @@ NATIVE_OPS = frozenset(
         native_event_record,
         native_event_wait,
         native_event_synchronize,
+        native_wait_stream,
         native_stream_synchronize,
         native_device_synchronize,
         native_record_stream,
@@ -235,7 +260,10 @@ class NativeStreams:
     devices: dict[int, str] = field(default_factory=dict)
     sources: dict[int, str | None] = field(default_factory=dict)
     names: dict[int, str] = field(default_factory=dict)
-    refs: dict[int, Any] = field(default_factory=dict, repr=False)  # weak references
+    # the objects themselves: a stream the compiled code made is held only by Dynamo's
+    # keep-alive list, which the next frame's compile clears, and a backward graph needs it
+    objects: dict[int, Any] = field(default_factory=dict, repr=False)
+    seen: dict[int, Any] = field(default_factory=dict, repr=False)  # the last forward call's
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -254,7 +282,7 @@ class NativeStreams:
             value = obj.value
             self.devices[index] = _device_type(value)
             self.sources[index] = obj.source
-            self.refs[index] = obj.ref
+            self.objects[index] = value
             is_event = isinstance(value, torch.Event) or type(value).__name__ == "Event"
             main = not is_event and (obj.current or value is _cpu_current)
             if main:  # the caller's current stream: airstream's main stream
@@ -313,9 +341,8 @@ class NativeStreams:
         return self.names[index]
 
     def compile_time_object(self, index: int) -> Any:
-        """The object at ``index`` when the graph compiled (None once it is gone)."""
-        ref = self.refs.get(index)
-        return None if ref is None else ref()
+        """The object at ``index`` when the graph compiled."""
+        return self.objects.get(index)
 
     @property
     def native_labels(self) -> dict[str, int]:

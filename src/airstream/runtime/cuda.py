@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from airstream.ops.native import NATIVE_OPS
 from airstream.runtime.codegen import (
     Builder,
     GeneratedCode,
@@ -159,6 +160,15 @@ class CudaExecutor:
         self._sides_used = [s.label for s in plan.side_streams if s.runs]
         self._priorities = [plan.priorities.get(str(label), 0) for label in self._sides_used]
         self._native_sides = native.side_labels(self._sides_used) if native is not None else {}
+        # every registry index a call reads: its native side streams, its native steps' objects
+        steps_read = [
+            arg
+            for n in gm.graph.nodes
+            if n.op == "call_function" and n.target in NATIVE_OPS
+            for arg in n.args
+            if isinstance(arg, int) and not isinstance(arg, bool)
+        ]
+        self._native_indices = sorted({*self._native_sides.values(), *steps_read})
         labels = [None, *self._sides_used]
         steps = [(label, step) for label, step in plan.sequence if label in labels]
         inputs = inputs_read(gm, steps, returns=True)
@@ -188,9 +198,10 @@ class CudaExecutor:
         """The generated code that issues every stream's work."""
         return self.module.code
 
-    def side_streams(self, capturing: bool) -> list[Any]:
-        """The side streams of a call: the labels' own, or (while the caller's stream captures)
-        this thread's private ones."""
+    def side_streams(self, capturing: bool, objects: dict[int, Any] | None = None) -> list[Any]:
+        """The side streams of a call: the labels' own, the model's stream objects for those
+        that stand for one (``objects``: the call's, by registry index), or (while the caller's
+        stream captures) this thread's private ones."""
         api = self.api
         if capturing:
             return [
@@ -198,9 +209,10 @@ class CudaExecutor:
                 for i, priority in enumerate(self._priorities)
             ]
         if self._native_sides and self.native is not None:  # the caller's objects, per call
-            native, get = self._native_sides, self.native.get
+            native = self._native_sides
+            found = objects if objects is not None else self.native.for_call(self._native_indices)
             return [
-                api.adopt_stream(get(native[str(label)]))
+                api.adopt_stream(found[native[str(label)]])
                 if str(label) in native
                 else api.label_stream(self.device, str(label), priority)
                 for label, priority in zip(self._sides_used, self._priorities, strict=True)
@@ -225,9 +237,14 @@ class CudaExecutor:
             caller = api.current_stream(self.device)
             capturing = api.capturing()
             traced: Any = self._traced.get() if not capturing and tracing_wanted() else None
-            streams = [caller, *self.side_streams(capturing)]
+            objects = (
+                None
+                if capturing or self.native is None
+                else self.native.for_call(self._native_indices)
+            )
+            streams = [caller, *self.side_streams(capturing, objects)]
             events = self._take_events(capturing)
-            natives = None if capturing or self.native is None else self.native.get
+            natives = None if objects is None else objects.__getitem__
             trace = None if traced is None else CallTrace()  # its clock starts once code exists
             try:
                 if trace is None:

@@ -235,7 +235,7 @@ class CudaGraphExecutor:
                 args.clear()
                 native = self.inner.native if self._around else None
                 if native is not None:
-                    self._around.before(native, stream)
+                    self._around.before(native, stream, api)
                 api.replay(self._graph)
                 outputs = tuple(copy_like(o) for o in self._static_outputs)
                 if native is not None:

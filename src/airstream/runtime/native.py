@@ -32,6 +32,7 @@ from airstream.ops.native import (
     native_event_wait,
     native_record_stream,
     native_stream_synchronize,
+    native_wait_stream,
 )
 
 __all__ = ["NativeAround", "NativeObjects", "native_step"]
@@ -49,18 +50,20 @@ class NativeObjects:
     resolve: Callable[[int], Any] | None = None
 
     def get(self, index: int) -> Any:
-        """The object at registry ``index`` for this call."""
+        """The object at registry ``index`` for this call: the caller's (inference and forward
+        graphs; remembered for the backward), else the forward's last, else compile time's."""
         if self.resolve is not None:
             return self.resolve(index)
         if self.at_run_time:
-            return torch_internals.native_object_at_run_time(index)
-        value = self.table.compile_time_object(index)
-        if value is None:
-            raise RuntimeError(
-                f"airstream: the {self.table.name(index)!r} stream or event this backward graph "
-                "was compiled with no longer exists"
-            )
-        return value
+            value = torch_internals.native_object_at_run_time(index)
+            self.table.seen[index] = value
+            return value
+        return self.table.seen.get(index, self.table.compile_time_object(index))
+
+    def for_call(self, indices: Sequence[int]) -> dict[int, Any]:
+        """Every object a call needs, read once at its start (Dynamo's registry is the
+        process's: read step by step, another thread's call could change it in between)."""
+        return {index: self.get(index) for index in indices}
 
     def side_labels(self, labels: Sequence[str | None], device: str = "cuda") -> dict[str, int]:
         """Of ``labels``, those that stand for a user's stream on ``device``'s type, with its
@@ -93,6 +96,11 @@ def _event_synchronize(natives: Any, stream: Any, event: int) -> None:
         natives(event).synchronize()
 
 
+def _wait_stream(natives: Any, stream: Any, api: Any, index: int) -> None:
+    if natives is not None:
+        stream.wait_stream(api.adopt_stream(natives(index)))
+
+
 def _stream_synchronize(natives: Any, stream: Any, index: int) -> None:
     if natives is not None:
         natives(index).synchronize()
@@ -112,6 +120,7 @@ _STEPS: dict[Any, Callable[..., None]] = {
     native_event_record: _event_record,
     native_event_wait: _event_wait,
     native_event_synchronize: _event_synchronize,
+    native_wait_stream: _wait_stream,
     native_stream_synchronize: _stream_synchronize,
     native_device_synchronize: _device_synchronize,
     native_record_stream: _record_stream,
@@ -124,25 +133,28 @@ def native_step(node: torch.fx.Node) -> tuple[Callable[..., None], bool] | None:
     fn = _STEPS.get(node.target)
     if fn is None:
         return None
-    return fn, node.target in (native_device_synchronize, native_record_stream)
+    return fn, node.target in (native_device_synchronize, native_record_stream, native_wait_stream)
 
 
 class NativeAround:
-    """What a replayed CUDA graph does with the user's events: the events the call waits for
-    (recorded outside the graph) are waited for on the caller's stream before the replay; the
-    events it records, recorded there after it."""
+    """What a replayed CUDA graph does with the user's events and streams: the events the call
+    waits for (recorded outside the graph) and the user's streams it waits for are waited for on
+    the caller's stream before the replay; the events it records, recorded there after it."""
 
     def __init__(self, gm: torch.fx.GraphModule) -> None:
         nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
         self.waits = [int(n.args[0]) for n in nodes if n.target is native_event_wait]
+        self.stream_waits = [int(n.args[0]) for n in nodes if n.target is native_wait_stream]
         self.records = [int(n.args[0]) for n in nodes if n.target is native_event_record]
 
     def __bool__(self) -> bool:
-        return bool(self.waits or self.records)
+        return bool(self.waits or self.stream_waits or self.records)
 
-    def before(self, natives: NativeObjects, stream: Any) -> None:
+    def before(self, natives: NativeObjects, stream: Any, api: Any) -> None:
         for index in self.waits:
             stream.wait_event(natives.get(index))
+        for index in self.stream_waits:
+            stream.wait_stream(api.adopt_stream(natives.get(index)))
 
     def after(self, natives: NativeObjects, stream: Any) -> None:
         for index in self.records:

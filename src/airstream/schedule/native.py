@@ -52,6 +52,7 @@ from airstream.ops.native import (
     native_index,
     native_record_stream,
     native_stream_synchronize,
+    native_wait_stream,
 )
 from airstream.ops.stream import STREAM_ANNOTATION
 from airstream.streams import assign_streams
@@ -135,6 +136,7 @@ def _unwrap(gm: torch.fx.GraphModule, node: torch.fx.Node, parts: Any) -> None:
     graph = gm.graph
     with graph.inserting_before(node):
         call = graph.call_function(parts.target, tuple(parts.args))
+    call.kwargs = dict(parts.kwargs)
     call.meta.update(node.meta)
     _replace_results(node, parts.returned, call)
     _erase_wrapper(gm, node)
@@ -293,8 +295,9 @@ class _Lowerer:
             else:
                 handler(op, context, streams)
             self.report.ops[name] = self.report.ops.get(name, 0) + 1
-            if op.returned is not None:
-                _replace_results(op.anchor, op.returned, None)
+            if op.returned is not None:  # read again: an earlier wrapper's results it passed
+                parts = torch_internals.control_deps_parts(self.gm, op.anchor)  # on are gone
+                _replace_results(op.anchor, dict(parts.returned) if parts else {}, None)
                 _erase_wrapper(self.gm, op.anchor)
             else:
                 self.graph.erase_node(op.anchor)
@@ -309,9 +312,9 @@ class _Lowerer:
     def _record_event(self, op: _Op, context: _Context, _: Any) -> None:
         event = self._event(op, op.args[0])
         label, index = self._stream(op, self._current(op, op.args[1]))
-        self.last_record[event] = self._new(op, record, (), label, index, context)
-        if self._on_device(event):
+        if self._on_device(event):  # a step: the stream runs something even if nothing else
             self._new(op, native_event_record, (event,), label, index, context)
+        self.last_record[event] = self._new(op, record, (), label, index, context)
 
     def _wait_event(self, op: _Op, context: _Context, _: Any, hold: Any = None) -> None:
         event = self._event(op, op.args[0])
@@ -344,6 +347,8 @@ class _Lowerer:
             return  # a stream is always after its own earlier work
         token = self._new(op, record, (), waited_label, waited, context)
         self._new(op, wait, ([token],), waiting_label, waiting, context)
+        if self._on_device(waited):  # also the user's stream's work issued before the call
+            self._new(op, native_wait_stream, (waited,), waiting_label, waiting, context)
 
     def _record_stream(self, op: _Op, context: _Context, _: Any) -> None:
         tensor, stream = op.args[0], op.args[1]

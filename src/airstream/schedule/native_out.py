@@ -25,7 +25,7 @@ from airstream.ops.native import NativeStreams
 from airstream.schedule.plan import Record, Run, Wait, build_plan
 from airstream.streams import assign_streams
 
-__all__ = ["NativeWritten", "write_native"]
+__all__ = ["NativeWritten", "device_of", "write_native"]
 
 
 @dataclass(frozen=True)
@@ -38,12 +38,15 @@ class NativeWritten:
     waits: int
 
 
-def _device_of(gm: torch.fx.GraphModule) -> torch.device:
+def device_of(gm: torch.fx.GraphModule) -> torch.device:
+    """The accelerator the graph computes on, else the CPU (a CPU input beside CUDA work does
+    not make it a CPU graph)."""
+    found = torch.device("cpu")
     for node in gm.graph.nodes:
         val = node.meta.get("val")
-        if isinstance(val, torch.Tensor):
+        if isinstance(val, torch.Tensor) and val.device.type != "cpu":
             return val.device
-    return torch.device("cpu")
+    return found
 
 
 def _main_index(device: torch.device) -> int:
@@ -75,7 +78,7 @@ def write_native(gm: torch.fx.GraphModule) -> NativeWritten:
     sides = [s.label for s in plan.side_streams if s.runs]
     if not sides:
         return NativeWritten({}, 0, 0)
-    device = _device_of(gm)
+    device = device_of(gm)
     index: dict[str | None, int] = {None: _main_index(device)}
     for label in sides:
         index[label] = torch_internals.new_native_stream(device)
@@ -89,22 +92,24 @@ def write_native(gm: torch.fx.GraphModule) -> NativeWritten:
         if steps.label not in index:
             continue
         here = index[steps.label]
+        # the nodes of the caller's stream carry no annotation (as Dynamo writes them)
+        mark = None if steps.label is None else here
         last: torch.fx.Node | None = None
         pending: list[int] = []
         for step in steps.steps:
             if isinstance(step, Run):
                 for event in pending:
-                    _insert(graph, step.node, False, "wait_event", (events[event], here), here)
+                    _insert(graph, step.node, False, "wait_event", (events[event], here), mark)
                     waits += 1
                 pending, last = [], step.node
             elif isinstance(step, Record):
                 at, after = (last, True) if last is not None else (first, False)
-                last = _insert(graph, at, after, "record_event", (events[step.event], here), here)
+                last = _insert(graph, at, after, "record_event", (events[step.event], here), mark)
                 records += 1
             elif isinstance(step, Wait):
                 pending.append(step.event)
         for event in pending:  # the join: the caller's stream waits before the output
-            _insert(graph, output, False, "wait_event", (events[event], here), here)
+            _insert(graph, output, False, "wait_event", (events[event], here), mark)
             waits += 1
     for node in list(graph.nodes):
         if node.op != "call_function":
@@ -113,6 +118,7 @@ def write_native(gm: torch.fx.GraphModule) -> NativeWritten:
         if label is not None and node.target not in AIR_OPS:
             torch_internals.set_native_stream_index(node, index[label])
     _remove_air_ops(graph)
+    torch_internals.wrap_sync_nodes(gm)  # as AOTAutograd leaves them: kept in place
     graph.lint()
     gm.recompile()
     return NativeWritten({label: i for label, i in index.items()}, records, waits)

@@ -47,6 +47,7 @@ from airstream.torch_internals.core import (
     keep_in_forward,
     min_cut_partition,
     module_stack,
+    node_value,
     op_name,
     op_schema,
     outputs_rebuilt_from_inputs,
@@ -110,6 +111,7 @@ from airstream.torch_internals.streams import (
     rename_native_stream_annotation,
     set_native_stream_index,
     streams_op,
+    wrap_sync_nodes,
 )
 from airstream.torch_internals.tools import (
     aot_eager,
@@ -154,6 +156,7 @@ __all__ = [
     "rename_native_stream_annotation",
     "set_native_stream_index",
     "streams_op",
+    "wrap_sync_nodes",
     "trace_forward",
     "register_pattern",
     "pattern_pass",
@@ -173,6 +176,7 @@ __all__ = [
     "collective_op",
     "collective_op_name",
     "copy_trace_meta",
+    "node_value",
     "compile_fx",
     "cuda_sleep",
     "detect_fake_mode",

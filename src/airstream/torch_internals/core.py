@@ -178,6 +178,13 @@ def stack_trace(node: torch.fx.Node) -> str | None:
     return node.meta.get("stack_trace")
 
 
+def node_value(node: torch.fx.Node) -> Any:
+    """The value a node stands for while compiling: ``meta["val"]`` in aten graphs, Dynamo's
+    ``example_value`` in its own graph; None when neither is recorded."""
+    value = node.meta.get("val")
+    return value if value is not None else node.meta.get("example_value")
+
+
 def copy_trace_meta(source: torch.fx.Node, dest: torch.fx.Node) -> None:
     """Give ``dest`` the source line and module path ``source`` was traced from (for a node a
     rewrite adds in its place)."""

@@ -16,7 +16,7 @@ import importlib
 import re
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -30,6 +30,7 @@ __all__ = [
     "NativeObject",
     "control_deps_parts",
     "custom_graph_pass",
+    "wrap_sync_nodes",
     "is_external_object",
     "mentions_native_ir",
     "native_method_call",
@@ -173,6 +174,7 @@ class ControlDeps:
     target: Any
     args: tuple[Any, ...]
     returned: Mapping[int, Any]
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
 def control_deps_parts(gm: torch.fx.GraphModule, node: torch.fx.Node) -> ControlDeps | None:
@@ -202,7 +204,10 @@ def control_deps_parts(gm: torch.fx.GraphModule, node: torch.fx.Node) -> Control
     output = next(n for n in sub.graph.nodes if n.op == "output")
     results = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
     returned = {i: None if r is calls[0] else to_outer(r) for i, r in enumerate(results)}
-    return ControlDeps(calls[0].target, tuple(to_outer(a) for a in calls[0].args), returned)
+    kwargs = {k: to_outer(v) for k, v in calls[0].kwargs.items()}
+    return ControlDeps(
+        calls[0].target, tuple(to_outer(a) for a in calls[0].args), returned, kwargs
+    )
 
 
 def mentions_native_ir(node: torch.fx.Node) -> bool:
@@ -276,6 +281,24 @@ def _source_of(constructor: Any) -> Any:
     return None
 
 
+def _builds_current_stream(constructor: Any, depth: int = 3) -> bool:
+    """A registry entry Dynamo's ``get_current_stream`` made (its bytecode reads the caller's
+    current stream, through a constructor nested in closures)."""
+    code = getattr(constructor, "__code__", None)
+    if code is not None and "_codegen_current_stream" in code.co_names:
+        return True
+    if depth == 0:
+        return False
+    for cell in getattr(constructor, "__closure__", None) or ():
+        try:
+            inner = cell.cell_contents
+        except ValueError:
+            continue
+        if callable(inner) and _builds_current_stream(inner, depth - 1):
+            return True
+    return False
+
+
 def _source_name(source: Any) -> str | None:
     if source is None:
         return None
@@ -292,8 +315,11 @@ def native_objects() -> dict[int, NativeObject]:
         value = ref()
         if not isinstance(value, (torch.Stream, torch.Event)) and not _stream_like(value):
             continue
-        source = _source_of(constructors.get(index))
-        current = source is not None and type(source).__name__ == "CurrentStreamSource"
+        constructor = constructors.get(index)
+        source = _source_of(constructor)
+        current = (
+            source is not None and type(source).__name__ == "CurrentStreamSource"
+        ) or _builds_current_stream(constructor)
         found[index] = NativeObject(index, ref, _source_name(source), current)
     return found
 
@@ -385,6 +411,21 @@ def _probe_custom_graph_pass() -> tuple[type, Any]:
         if not callable(getattr(base, name, None)):
             raise AttributeError(f"CustomGraphPass has no {name}()")
     return base, module.get_hash_for_files
+
+
+def wrap_sync_nodes(gm: torch.fx.GraphModule) -> bool:
+    """Wrap each ``torch.ops.streams`` op of ``gm`` in ``control_deps``, as AOTAutograd does, so
+    that Inductor keeps each one between the nodes around it; False where this torch has no
+    such wrapping (2.11, whose Inductor takes the ops bare)."""
+    try:
+        module = importlib.import_module("torch._functorch._aot_autograd.streams")
+    except ImportError:
+        return False
+    wrap = getattr(module, "wrap_all_sync_nodes_with_control_deps", None)
+    if wrap is None:
+        return False
+    wrap(gm)
+    return True
 
 
 def custom_graph_pass() -> tuple[type, Any]:
