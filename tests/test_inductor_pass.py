@@ -39,6 +39,20 @@ class _Moe(torch.nn.Module):
         return routed + self.down(self.shared_expert(x))
 
 
+def _as_inductor(inductor_pass: Any, written: list[str]) -> airstream.CompilerConfig:
+    """A config whose post pass calls ``inductor_pass`` as Inductor does (on the post-grad
+    graph), noting in ``written`` the graph it leaves, or "same" when it left it as it was."""
+
+    def as_inductor(gm: torch.fx.GraphModule, example_inputs: Any, config: Any) -> None:
+        before = str(gm.graph)
+        inductor_pass(gm.graph)  # Inductor calls post-grad passes with the graph
+        written.append("same" if str(gm.graph) == before else str(gm.graph))
+
+    config = airstream.CompilerConfig()
+    config.post_grad_custom_post_pass = as_inductor
+    return config
+
+
 def _native_graph_then_airstream(
     graph_pass: Any,
 ) -> tuple[str, Any, Any, torch.nn.Module]:
@@ -46,15 +60,8 @@ def _native_graph_then_airstream(
     graph it writes, and let airstream run that graph."""
     inductor_pass = for_inductor(graph_pass, on_cpu=True)
     written: list[str] = []
-
-    def as_inductor(gm: torch.fx.GraphModule, example_inputs: Any, config: Any) -> None:
-        inductor_pass(gm.graph)  # Inductor calls post-grad passes with the graph
-        written.append(str(gm.graph))
-
-    config = airstream.CompilerConfig()
-    config.post_grad_custom_post_pass = as_inductor
     model = _Moe().eval()
-    compiled, backend = compile_model(model, config)
+    compiled, backend = compile_model(model, _as_inductor(inductor_pass, written))
     return written, inductor_pass, (compiled, backend), model
 
 
@@ -118,14 +125,7 @@ def test_uuid_names_the_pass_and_its_settings() -> None:
 def test_a_graph_without_side_streams_is_handed_on_unchanged() -> None:
     inductor_pass = for_inductor(passes.shared_expert_overlap(), on_cpu=True)  # no match
     seen: list[str] = []
-
-    def as_inductor(gm: torch.fx.GraphModule, example_inputs: Any, config: Any) -> None:
-        before = str(gm.graph)
-        inductor_pass(gm.graph)
-        seen.append("same" if str(gm.graph) == before else "changed")
-
-    config = airstream.CompilerConfig()
-    config.post_grad_custom_post_pass = as_inductor
+    config = _as_inductor(inductor_pass, seen)
     compiled, _ = compile_model(lambda x: x.sin() @ x, config)
     with torch.no_grad():
         compiled(torch.randn(3, 3))
@@ -135,14 +135,7 @@ def test_a_graph_without_side_streams_is_handed_on_unchanged() -> None:
 def test_a_cpu_graph_is_handed_on_unchanged_with_a_warning() -> None:
     inductor_pass = for_inductor(passes.shared_expert_overlap())
     seen: list[str] = []
-
-    def as_inductor(gm: torch.fx.GraphModule, example_inputs: Any, config: Any) -> None:
-        before = str(gm.graph)
-        inductor_pass(gm.graph)
-        seen.append("same" if str(gm.graph) == before else "changed")
-
-    config = airstream.CompilerConfig()
-    config.post_grad_custom_post_pass = as_inductor
+    config = _as_inductor(inductor_pass, seen)
     compiled, _ = compile_model(_Moe().eval(), config)
     with pytest.warns(UserWarning, match="Inductor's CPU code cannot run streams"):
         with torch.no_grad():
@@ -188,12 +181,7 @@ def test_backward_graphs_and_graphs_with_the_models_own_streams_are_left_alone()
     made, so no stream object could be built for it; a graph with the model's own streams keeps
     them. Both are handed on unchanged, each with a warning saying why."""
     inductor_pass = for_inductor(passes.shared_expert_overlap(), on_cpu=True)
-
-    def as_inductor(gm: torch.fx.GraphModule, example_inputs: Any, config: Any) -> None:
-        inductor_pass(gm.graph)
-
-    config = airstream.CompilerConfig()
-    config.post_grad_custom_post_pass = as_inductor
+    config = _as_inductor(inductor_pass, [])
     model = _Moe()
     compiled, _ = compile_model(model, config)
     x = torch.randn(4, 32, requires_grad=True)

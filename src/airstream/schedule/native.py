@@ -28,7 +28,6 @@ Anything it cannot honour is one warning naming the source line.
 from __future__ import annotations
 
 import logging
-import operator
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -55,6 +54,13 @@ from airstream.ops.native import (
     native_wait_stream,
 )
 from airstream.ops.stream import STREAM_ANNOTATION
+from airstream.schedule.native_forms import (
+    NativeOp,
+    collect_native_ops,
+    drop_dead_objects,
+    erase_wrapper,
+    replace_results,
+)
 from airstream.streams import assign_streams
 
 __all__ = ["NativeLowering", "has_native_streams", "lower_native_streams"]
@@ -75,94 +81,12 @@ class NativeLowering:
         return bool(self.ops or self.annotated)
 
 
-@dataclass
-class _Op:
-    """One native op in program order: the node standing for it, its name and arguments."""
-
-    anchor: torch.fx.Node
-    name: str
-    args: tuple[Any, ...]
-    returned: dict[int, Any] | None = None  # a control_deps wrapper's getitem results
-
-
 def has_native_streams(gm: torch.fx.GraphModule) -> bool:
     """Does ``gm`` use PyTorch's stream IR (cheap: no registry access for plain graphs)?"""
     return any(
         native_index(node) is not None or torch_internals.mentions_native_ir(node)
         for node in gm.graph.nodes
     )
-
-
-def _collect(gm: torch.fx.GraphModule) -> list[_Op]:
-    """Every native op of ``gm`` in program order, whatever form the torch release wrote."""
-    found: list[_Op] = []
-    for node in list(gm.graph.nodes):
-        if node.op == "call_function":
-            name = torch_internals.native_stream_op(node.target)
-            if name is not None:
-                found.append(_Op(node, name, tuple(node.args)))
-                continue
-            parts = torch_internals.control_deps_parts(gm, node)
-            if parts is not None:
-                inner = torch_internals.native_stream_op(parts.target)
-                if inner is None:
-                    _unwrap(gm, node, parts)  # another side-effect op: call it in place
-                else:
-                    found.append(_Op(node, inner, parts.args, dict(parts.returned)))
-        elif node.op == "call_method":
-            call = torch_internals.native_method_call(node)
-            if call is not None:
-                found.append(_method_op(node, *call))
-    return found
-
-
-def _method_op(node: torch.fx.Node, method: str, objects: list[int]) -> _Op:
-    """torch 2.11's method calls as the ops later releases write."""
-    if method == "wait_stream" and len(objects) == 2:
-        return _Op(node, "wait_stream", (objects[0], objects[1]))
-    if method == "wait_event" and len(objects) == 2:
-        return _Op(node, "wait_event", (objects[1], objects[0]))
-    if method == "synchronize" and len(objects) == 1:
-        return _Op(node, "synchronize", (objects[0],))  # an event's or a stream's: decided later
-    if method == "record" and objects:
-        return _Op(node, "record_event", (objects[0], objects[1] if len(objects) > 1 else None))
-    if method == "wait" and objects:
-        return _Op(node, "wait_event", (objects[0], objects[1] if len(objects) > 1 else None))
-    return _Op(node, f"unsupported:{method}", tuple(objects))
-
-
-def _unwrap(gm: torch.fx.GraphModule, node: torch.fx.Node, parts: Any) -> None:
-    """Replace a ``control_deps`` wrapper by a direct call of the op it wraps."""
-    graph = gm.graph
-    with graph.inserting_before(node):
-        call = graph.call_function(parts.target, tuple(parts.args))
-    call.kwargs = dict(parts.kwargs)
-    call.meta.update(node.meta)
-    _replace_results(node, parts.returned, call)
-    _erase_wrapper(gm, node)
-
-
-def _replace_results(node: torch.fx.Node, returned: dict[int, Any], result: Any) -> None:
-    for user in list(node.users):
-        if user.op == "call_function" and user.target is operator.getitem:
-            index = user.args[1]
-            value = result if index == 0 else returned.get(index)  # type: ignore[arg-type]
-            if isinstance(value, torch.fx.Node):
-                user.replace_all_uses_with(value)
-            user.graph.erase_node(user)
-
-
-def _erase_wrapper(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
-    sub = node.args[1] if len(node.args) > 1 else None
-    for user in list(node.users):  # a later wrapper lists this one among what it comes after
-        if user.op == "call_function" and user.args and isinstance(user.args[0], tuple):
-            user.args = (tuple(d for d in user.args[0] if d is not node), *user.args[1:])
-    node.graph.erase_node(node)
-    if isinstance(sub, torch.fx.Node) and sub.op == "get_attr" and not sub.users:
-        target = str(sub.target)
-        node.graph.erase_node(sub)
-        if hasattr(gm, target):
-            delattr(gm, target)
 
 
 @dataclass(frozen=True)
@@ -204,7 +128,7 @@ class _Lowerer:
 
     def _new(
         self,
-        op: _Op,
+        op: NativeOp,
         target: Any,
         args: tuple[Any, ...],
         label: str | None,
@@ -247,7 +171,7 @@ class _Lowerer:
         node.meta["air_native_op"] = op.name
         return node
 
-    def _stream(self, op: _Op, index: Any) -> tuple[str | None, int]:
+    def _stream(self, op: NativeOp, index: Any) -> tuple[str | None, int]:
         if not isinstance(index, int) or not self.table.is_stream(index):
             what = "an event" if isinstance(index, int) else repr(index)
             raise StreamError(
@@ -256,7 +180,7 @@ class _Lowerer:
             )
         return self.table.label(index), index
 
-    def _event(self, op: _Op, index: Any) -> int:
+    def _event(self, op: NativeOp, index: Any) -> int:
         if not isinstance(index, int) or self.table.is_stream(index):
             raise StreamError(
                 f"{describe(op.anchor)} in the {self.kind} graph: {op.name} needs an event, got a "
@@ -268,7 +192,7 @@ class _Lowerer:
         """Is the object at ``index`` on an accelerator (where the user's own object acts)?"""
         return self.table.device(index) != "cpu"
 
-    def _warn(self, op: _Op, what: str) -> None:
+    def _warn(self, op: NativeOp, what: str) -> None:
         line = source_line(op.anchor)
         where = f" at {line}" if line else ""
         message = f"airstream: {op.name}{where} in the {self.kind} graph: {what}"
@@ -277,7 +201,7 @@ class _Lowerer:
 
     # -- the ops ---------------------------------------------------------------------------------
 
-    def lower(self, ops: Sequence[_Op], contexts: dict[torch.fx.Node, _Context]) -> None:
+    def lower(self, ops: Sequence[NativeOp], contexts: dict[torch.fx.Node, _Context]) -> None:
         streams = None
         for op in ops:
             context = contexts.get(op.anchor, _Context())
@@ -285,7 +209,7 @@ class _Lowerer:
             if name == "synchronize":  # torch 2.11: Event.synchronize or Stream.synchronize
                 stream = self.table.is_stream(op.args[0])
                 name = "synchronize_stream" if stream else "synchronize_event"
-                op = _Op(op.anchor, name, op.args, op.returned)
+                op = NativeOp(op.anchor, name, op.args, op.returned)
             if name.startswith("synchronize") and streams is None:
                 streams = assign_streams(self.gm, graph_kind=self.kind)
             handler = getattr(self, f"_{name}", None)
@@ -297,26 +221,26 @@ class _Lowerer:
             self.report.ops[name] = self.report.ops.get(name, 0) + 1
             if op.returned is not None:  # read again: an earlier wrapper's results it passed
                 parts = torch_internals.control_deps_parts(self.gm, op.anchor)  # on are gone
-                _replace_results(op.anchor, dict(parts.returned) if parts else {}, None)
-                _erase_wrapper(self.gm, op.anchor)
+                replace_results(op.anchor, dict(parts.returned) if parts else {}, None)
+                erase_wrapper(self.gm, op.anchor)
             else:
                 self.graph.erase_node(op.anchor)
 
-    def _current(self, op: _Op, index: Any) -> Any:
+    def _current(self, op: NativeOp, index: Any) -> Any:
         """torch 2.11's ``Event.record()``/``wait()`` without a stream: the block's stream."""
         if index is not None:
             return index
         traced = native_index(op.anchor)
         return traced if traced is not None else self.main_index
 
-    def _record_event(self, op: _Op, context: _Context, _: Any) -> None:
+    def _record_event(self, op: NativeOp, context: _Context, _: Any) -> None:
         event = self._event(op, op.args[0])
         label, index = self._stream(op, self._current(op, op.args[1]))
         if self._on_device(event):  # a step: the stream runs something even if nothing else
             self._new(op, native_event_record, (event,), label, index, context)
         self.last_record[event] = self._new(op, record, (), label, index, context)
 
-    def _wait_event(self, op: _Op, context: _Context, _: Any, hold: Any = None) -> None:
+    def _wait_event(self, op: NativeOp, context: _Context, _: Any, hold: Any = None) -> None:
         event = self._event(op, op.args[0])
         label, index = self._stream(op, self._current(op, op.args[1]))
         token = self.last_record.get(event)
@@ -337,10 +261,10 @@ class _Lowerer:
                 "nothing. Record the event before waiting for it.",
             )
 
-    def _sync_dealloc(self, op: _Op, context: _Context, streams: Any) -> None:
+    def _sync_dealloc(self, op: NativeOp, context: _Context, streams: Any) -> None:
         self._wait_event(op, context, streams, hold=op.args[2] if len(op.args) > 2 else None)
 
-    def _wait_stream(self, op: _Op, context: _Context, _: Any) -> None:
+    def _wait_stream(self, op: NativeOp, context: _Context, _: Any) -> None:
         waiting_label, waiting = self._stream(op, op.args[0])
         waited_label, waited = self._stream(op, op.args[1])
         if waiting_label == waited_label:
@@ -350,19 +274,19 @@ class _Lowerer:
         if self._on_device(waited):  # also the user's stream's work issued before the call
             self._new(op, native_wait_stream, (waited,), waiting_label, waiting, context)
 
-    def _record_stream(self, op: _Op, context: _Context, _: Any) -> None:
+    def _record_stream(self, op: NativeOp, context: _Context, _: Any) -> None:
         tensor, stream = op.args[0], op.args[1]
         _, index = self._stream(op, stream)
         if self._on_device(index):
             node = self._new(op, native_record_stream, (tensor, index), None, None, _Context())
             torch_internals.set_annotations(node, torch_internals.stream_annotations(op.anchor))
 
-    def _fork(self, op: _Op, context: _Context, _: Any) -> None:
+    def _fork(self, op: NativeOp, context: _Context, _: Any) -> None:
         """A switch of the current stream: the annotations already place each node."""
 
     _join = _fork
 
-    def _synchronize_event(self, op: _Op, context: _Context, streams: Any) -> None:
+    def _synchronize_event(self, op: NativeOp, context: _Context, streams: Any) -> None:
         event = self._event(op, op.args[0])
         token = self.last_record.get(event)
         if token is not None:
@@ -370,14 +294,14 @@ class _Lowerer:
         if self._on_device(event):
             self._new(op, native_event_synchronize, (event,), None, self.main_index, context)
 
-    def _synchronize_stream(self, op: _Op, context: _Context, streams: Any) -> None:
+    def _synchronize_stream(self, op: NativeOp, context: _Context, streams: Any) -> None:
         label, index = self._stream(op, op.args[0])
         token = self._new(op, record, (), label, index, context)
         self._barrier(op, context, streams, [token], skip=(label,))
         if self._on_device(index):
             self._new(op, native_stream_synchronize, (index,), None, self.main_index, context)
 
-    def _synchronize_device(self, op: _Op, context: _Context, streams: Any) -> None:
+    def _synchronize_device(self, op: NativeOp, context: _Context, streams: Any) -> None:
         labels = self._labels_before(op, streams)
         tokens = [
             self._new(op, record, (), label, self._index_of(label), context) for label in labels
@@ -403,7 +327,7 @@ class _Lowerer:
                     labels[streams.stream_of[node.name]] = None
         return list(labels)
 
-    def _labels_before(self, op: _Op, streams: Any) -> list[str | None]:
+    def _labels_before(self, op: NativeOp, streams: Any) -> list[str | None]:
         before = []
         for node in self.graph.nodes:
             if node is op.anchor:
@@ -413,7 +337,7 @@ class _Lowerer:
 
     def _barrier(
         self,
-        op: _Op,
+        op: NativeOp,
         context: _Context,
         streams: Any,
         tokens: list[torch.fx.Node],
@@ -428,7 +352,7 @@ class _Lowerer:
             if label not in skip:
                 self._new(op, wait, (list(tokens),), label, self._index_of(label), context)
 
-    def _recorded_later(self, op: _Op, event: int) -> bool:
+    def _recorded_later(self, op: NativeOp, event: int) -> bool:
         seen = False
         for node in self.graph.nodes:
             if node is op.anchor:
@@ -446,12 +370,6 @@ def _move_annotations(gm: torch.fx.GraphModule) -> int:
     return moved
 
 
-def _drop_dead_objects(gm: torch.fx.GraphModule) -> None:
-    for node in reversed(list(gm.graph.nodes)):
-        if not node.users and torch_internals.is_external_object(node):
-            gm.graph.erase_node(node)
-
-
 def lower_native_streams(
     gm: torch.fx.GraphModule, table: NativeStreams, *, graph_kind: str = "graph"
 ) -> NativeLowering:
@@ -462,10 +380,10 @@ def lower_native_streams(
     attach_native_streams(gm, table)
     lowering = _Lowerer(gm, table, graph_kind)
     lowering.report.annotated = _move_annotations(gm)
-    ops = _collect(gm)
+    ops = collect_native_ops(gm)
     if ops:
         lowering.lower(ops, _contexts(gm))
-    _drop_dead_objects(gm)
+    drop_dead_objects(gm)
     gm.graph.lint()
     gm.recompile()
     if lowering.report.changed:

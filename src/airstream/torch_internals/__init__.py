@@ -66,6 +66,7 @@ from airstream.torch_internals.cuda import (
 )
 from airstream.torch_internals.inductor import (
     apply_patterns,
+    custom_graph_pass,
     fxgraph_cache_hits,
     inductor_compile,
     inductor_cpp_compiler,
@@ -91,23 +92,24 @@ from airstream.torch_internals.registry import (
     support_problem,
     torch_release,
 )
-from airstream.torch_internals.streams import (
-    ControlDeps,
+from airstream.torch_internals.stream_objects import (
     NativeObject,
-    control_deps_parts,
-    custom_graph_pass,
-    is_external_object,
-    is_native_stream_key,
-    mentions_native_ir,
-    native_method_call,
     native_object_at_run_time,
     native_objects,
-    native_stream_index,
-    native_stream_op,
     new_native_event,
     new_native_stream,
     readable_name,
     register_current_stream,
+)
+from airstream.torch_internals.streams import (
+    ControlDeps,
+    control_deps_parts,
+    is_external_object,
+    is_native_stream_key,
+    mentions_native_ir,
+    native_method_call,
+    native_stream_index,
+    native_stream_op,
     rename_native_stream_annotation,
     set_native_stream_index,
     streams_op,

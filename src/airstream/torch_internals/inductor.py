@@ -4,6 +4,7 @@ output strides, the FX graph cache counter and the C++ compiler lookup."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -227,3 +228,28 @@ def register_pattern(patterns: Any, **kwargs: Any) -> bool:
 def apply_patterns(patterns: Any, gm: torch.fx.GraphModule) -> int:
     """Replace every match of ``patterns`` in ``gm``; return how many."""
     return int(patterns.apply(gm.graph))
+
+
+# --- airstream's passes as Inductor custom passes ----------------------------------------
+
+
+@_feature(
+    "custom_graph_pass",
+    "torch._inductor.custom_graph_pass.CustomGraphPass (__call__(graph), uuid()) and "
+    "get_hash_for_files",
+    "inductor-pass",
+    "handing airstream's stream passes to Inductor as post-grad custom passes",
+)
+def _probe_custom_graph_pass() -> tuple[type, Any]:
+    module = importlib.import_module("torch._inductor.custom_graph_pass")
+    base = module.CustomGraphPass
+    for name in ("__call__", "uuid"):
+        if not callable(getattr(base, name, None)):
+            raise AttributeError(f"CustomGraphPass has no {name}()")
+    return base, module.get_hash_for_files
+
+
+def custom_graph_pass() -> tuple[type, Any]:
+    """torch's ``CustomGraphPass`` base class and its ``get_hash_for_files``."""
+    found: tuple[type, Any] = _get("custom_graph_pass")
+    return found

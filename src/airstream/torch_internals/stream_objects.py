@@ -1,0 +1,206 @@
+"""Dynamo's registry of the stream and event objects a graph uses: read while a graph compiles
+(each object, the source it is read from, whether it is the caller's current stream), read per
+call at run time, and added to by passes writing PyTorch's stream IR. The IR itself (annotations,
+the ``streams`` ops) is ``torch_internals.streams``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from airstream.torch_internals.registry import _attr
+from airstream.torch_internals.streams import _REGISTRY, _ir
+
+__all__ = [
+    "NativeObject",
+    "native_object_at_run_time",
+    "native_objects",
+    "new_native_event",
+    "new_native_stream",
+    "readable_name",
+    "register_current_stream",
+]
+
+
+@dataclass(frozen=True)
+class NativeObject:
+    """One stream or event in Dynamo's registry while a graph compiles: its ``index``, a weak
+    reference to it, the expression Dynamo reads it from (``L['self'].alt_stream``; None for an
+    object the compiled code creates) and whether it is the caller's current stream."""
+
+    index: int
+    ref: weakref.ReferenceType[Any]
+    source: str | None
+    current: bool
+
+    @property
+    def value(self) -> Any:
+        return self.ref()
+
+
+def _entries(table: dict[int, Any] | list[Any]) -> Iterator[tuple[int, Any]]:
+    return iter(table.items()) if isinstance(table, dict) else enumerate(table)
+
+
+def _source_of(constructor: Any) -> Any:
+    """The Dynamo Source a registry entry is read from (a closure cell of its bytecode
+    constructor), or None for an object the compiled code constructs."""
+    for cell in getattr(constructor, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        if hasattr(value, "name") and type(value).__name__.endswith("Source"):
+            return value
+    return None
+
+
+def _builds_current_stream(constructor: Any, depth: int = 3) -> bool:
+    """A registry entry Dynamo's ``get_current_stream`` made (its bytecode reads the caller's
+    current stream, through a constructor nested in closures)."""
+    code = getattr(constructor, "__code__", None)
+    if code is not None and "_codegen_current_stream" in code.co_names:
+        return True
+    if depth == 0:
+        return False
+    for cell in getattr(constructor, "__closure__", None) or ():
+        try:
+            inner = cell.cell_contents
+        except ValueError:
+            continue
+        if callable(inner) and _builds_current_stream(inner, depth - 1):
+            return True
+    return False
+
+
+def _source_name(source: Any) -> str | None:
+    if source is None:
+        return None
+    name = source.name() if callable(source.name) else source.name
+    return str(name)
+
+
+def native_objects() -> dict[int, NativeObject]:
+    """Dynamo's registry as it stands while a graph compiles: every stream and event by index."""
+    registry = _ir().registry
+    constructors = dict(_entries(registry.index_to_bytecode_constructor))
+    found = {}
+    for index, ref in _entries(registry.index_to_external_object_weakref):
+        value = ref()
+        if not isinstance(value, (torch.Stream, torch.Event)) and not _stream_like(value):
+            continue
+        constructor = constructors.get(index)
+        source = _source_of(constructor)
+        current = (
+            source is not None and type(source).__name__ == "CurrentStreamSource"
+        ) or _builds_current_stream(constructor)
+        found[index] = NativeObject(index, ref, _source_name(source), current)
+    return found
+
+
+def _stream_like(value: Any) -> bool:
+    """A stream or event of a device module that does not subclass torch.Stream/torch.Event."""
+    return type(value).__name__ in ("Stream", "Event", "ExternalStream")
+
+
+def native_object_at_run_time(index: int) -> Any:
+    """The object at ``index`` for the call in progress (the graph's bytecode stores the
+    caller's objects before each call)."""
+    return _ir().getter(index)
+
+
+def _register_new(kind: str, device: torch.device) -> int:
+    """A new stream or event on ``device``, registered as an object the compiled code creates:
+    Dynamo's bytecode builds it again, on the same device, before every call. (torch's own
+    ``new_stream()`` rebuilds it without the device, on the default accelerator.)"""
+    module = importlib.import_module("torch._dynamo.variables.streams")
+    registry = importlib.import_module(_REGISTRY)
+    variables = importlib.import_module("torch._dynamo.variables")
+    args = variables.TupleVariable([variables.ConstantVariable.create(str(device))])
+    kwargs = variables.ConstDictVariable({})
+    if kind == "stream":
+        value: Any = torch.Stream(str(device))
+        build = module.StreamVariable.make_construct_in_graph_stream_fn(args, kwargs)
+    else:
+        value = torch.Event(str(device))
+        build = module.EventVariable.make_construct_in_graph_event_fn(args, kwargs)
+    index: int = registry.register_graph_created_object(value, build)
+    return index
+
+
+def register_current_stream(device: torch.device) -> int:
+    """The registry index of the caller's current stream on ``device``, registered now (the
+    graph's bytecode reads it before every call). CPU has no current stream in torch; there it
+    is airstream's object for the main stream (``airstream.current_stream("cpu")``)."""
+    module = importlib.import_module("torch._dynamo.variables.streams")
+    if device.type != "cpu":
+        index: int = module.get_current_stream(device)
+        return index
+    registry = importlib.import_module(_REGISTRY)
+    call = _attr("torch._dynamo.bytecode_transformation:create_call_function")
+    native = importlib.import_module("airstream.ops.native")
+
+    def build(index: int, codegen: Any) -> None:  # stash_graph_created_object(<the object>)
+        codegen.add_push_null(
+            lambda: codegen.load_import_from(registry.__name__, "stash_graph_created_object")
+        )
+        codegen.load_import_from(native.__name__, "_cpu_current")
+        codegen.extend_output(call(1, False))
+
+    found: int = registry.register_graph_created_object(native.current_stream("cpu"), build)
+    return found
+
+
+def new_native_stream(device: torch.device) -> int:
+    """A new stream on ``device`` for a pass writing native form: its registry index, valid for
+    the graph being compiled (only while Dynamo compiles one)."""
+    return _register_new("stream", device)
+
+
+def new_native_event(device: torch.device) -> int:
+    """A new event on ``device``, registered like :func:`new_native_stream`."""
+    return _register_new("event", device)
+
+
+def readable_name(source: str | None) -> str | None:
+    """The variable a Dynamo source expression ends in: ``L['self'].alt_stream`` -> ``alt_stream``,
+    ``G['s']`` -> ``s``; None when there is none."""
+    if not source:
+        return None
+    match = re.search(r"(?:\.|\[')([A-Za-z_]\w*)'?\]?$", source)
+    return match.group(1) if match else None
+
+
+def _detach_backward_snapshot() -> None:
+    """torch 2.15's AOTAutograd snapshots Dynamo's registry at each forward and restores it in
+    backward, reading it through a name imported once (``runtime_wrappers``), while each graph's
+    bytecode binds the registry's module name to a new list: the snapshot keeps reading the
+    first list ever filled, the objects of the first frame with streams compiled in the process.
+    Once one of those is gone and a later one lives, every later backward of any model fails
+    (``Index past the end of index_to_user_object_weakref``). Binding the name to a fresh list
+    before any frame fills it leaves the first list empty for good: the restore does nothing
+    (it restored the wrong objects anyway), and airstream's own backward graphs find their
+    objects without it. Only where the registry is that list form and nothing is in it yet."""
+    try:
+        registry = importlib.import_module(_REGISTRY)
+        wrappers = importlib.import_module("torch._functorch._aot_autograd.runtime_wrappers")
+    except ImportError:
+        return
+    first = getattr(registry, "index_to_external_object_weakref", None)
+    if (
+        isinstance(first, list)
+        and not first
+        and getattr(wrappers, "index_to_external_object_weakref", None) is first
+        and callable(getattr(registry, "store_user_object_weakrefs", None))
+    ):
+        registry.store_user_object_weakrefs()
+
+
+_detach_backward_snapshot()
