@@ -29,6 +29,7 @@ from airstream.config import CompilerConfig
 from airstream.debug.dump import DumpObserver, GraphDumper, dumper_for
 from airstream.decompositions import decomposition_table
 from airstream.effects import effects
+from airstream.nodes import GRAPH_KIND_KEY, GRAPH_KINDS, graph_kind
 from airstream.errors import AirstreamError, ConfigError
 from airstream.observers import CompileObserver, Observers
 from airstream.openmp import openmp
@@ -56,8 +57,6 @@ __all__ = [
     "get_npu_backend",
     "registered_backend",
 ]
-
-GRAPH_KINDS = ("inference", "forward", "backward")
 
 
 @dataclass(frozen=True)
@@ -113,14 +112,6 @@ def _stream_labels(
         return assign_streams(gm, single_stream=single_stream, graph_kind=graph_kind).stream_of
 
 
-def _graph_kind(gm: torch.fx.GraphModule) -> str:
-    """Backward graphs take tangents; anything else compiled by a fw_compiler is a forward."""
-    for node in gm.graph.find_nodes(op="placeholder"):
-        if node.name.startswith("tangents"):
-            return "backward"
-    return "forward"
-
-
 class GraphCompiler:
     """An AOTAutograd graph compiler: ``(gm, example_inputs) -> boxed callable``.
 
@@ -145,7 +136,8 @@ class GraphCompiler:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Executor:
         torch_internals.require("core")
         config = self.config
-        kind = self.kind or _graph_kind(gm)
+        kind = self.kind or graph_kind(gm)
+        gm.meta[GRAPH_KIND_KEY] = kind  # passes ask airstream.passes.graph_kind(gm)
         observer = self.observer
         if observer is None:  # called directly (get_compiler): dumps as the config asks
             dumper = dumper_for(config)

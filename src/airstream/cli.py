@@ -174,6 +174,7 @@ _BENCHES = {
     "branches": "parallel branches and the stream passes that apply to them",
     "mlp": "an MLP stack and the stream passes that apply to it",
     "passes": "how long each stream pass takes on a 5,000-node graph",
+    "compile": "how long airstream takes to compile each model of the model suite (--models)",
     "batched-experts": "experts as one batched op, or split per expert on 2 streams",
     "branches-pointwise": "reduce-overhead vs max-autotune, 1 and 2 streams, compile times",
     "tp": "a tensor-parallel MLP on --nproc ranks, with overlap_communication",

@@ -17,7 +17,10 @@ if TYPE_CHECKING:  # types only: the fuser (schedule/fuse.py) sits above this mo
     from airstream.schedule.fuse import CompiledSegment
 
 __all__ = [
+    "GRAPH_KINDS",
+    "GRAPH_KIND_KEY",
     "SEGMENT_KEY",
+    "graph_kind",
     "segment_of",
     "describe",
     "source_line",
@@ -27,6 +30,23 @@ __all__ = [
 
 
 SEGMENT_KEY = "air_segment"  # node.meta key of a fused max-autotune node: its CompiledSegment
+GRAPH_KIND_KEY = "air_graph_kind"  # gm.meta key: which graph of a compile this is
+GRAPH_KINDS = ("inference", "forward", "backward")
+
+
+def graph_kind(gm: torch.fx.GraphModule) -> str:
+    """Which graph of a compile ``gm`` is: ``"inference"`` (no gradients needed), or a training
+    step's ``"forward"`` or ``"backward"``; every pass runs on each graph of the compile.
+
+    The backend stamps the kind before the passes run; a graph it never saw is a backward graph
+    when it takes ``tangents`` inputs, else a forward graph."""
+    stamped = gm.meta.get(GRAPH_KIND_KEY)
+    if stamped in GRAPH_KINDS:
+        return str(stamped)
+    for node in gm.graph.find_nodes(op="placeholder"):
+        if node.name.startswith("tangents"):
+            return "backward"
+    return "forward"
 
 
 def segment_of(node: torch.fx.Node) -> CompiledSegment | None:

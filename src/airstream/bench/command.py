@@ -93,6 +93,15 @@ def run_bench(args: argparse.Namespace) -> int:
         text = f"stream passes on a {report['nodes']}-node graph:\n" + "\n".join(
             f"  {name:<24}{seconds:.3f} s" for name, seconds in report["seconds"].items()
         )
+    elif args.name == "compile":
+        from airstream.bench.compile_time import format_compile, run_compile
+        from airstream.selftest.architectures import ARCHS
+
+        models = _models("compile", args.models, tuple(ARCHS))
+        if models is None:
+            return 2
+        report = run_compile(models, rounds=args.rounds if args.rounds != 15 else 3)
+        text = format_compile(report)
     elif args.name == "tp":
         from airstream.bench.tp import format_tp, run_tp
 

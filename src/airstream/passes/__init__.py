@@ -12,6 +12,7 @@ from airstream.passes.meta import check_meta, fill_meta
 from airstream.passes.replacements import Replacements
 from airstream.passes.toolkit import (
     add_control_edge,
+    graph_kind,
     module_paths,
     place_on_stream,
     select_nodes,
@@ -23,6 +24,7 @@ __all__ = [
     "Replacements",
     "add_control_edge",
     "auto_streams",
+    "graph_kind",
     "module_paths",
     "moe_experts",
     "overlap_communication",

@@ -4,6 +4,7 @@
     place_on_stream(gm, experts, "expert_3")
     add_control_edge(gm, router_done, shared_start)
     streams_of(gm).stream(node)        # "expert_3"; None for the main stream
+    graph_kind(gm)                     # "inference", "forward" or "backward"
 
 Every helper checks its input and raises ``ValueError`` naming the node and what to do; inside a
 pass, the pass manager turns it into a PassError naming the pass. Nodes the helpers add carry no
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.nodes import describe
+from airstream.nodes import describe, graph_kind
 from airstream.ops.library import (
     STREAM_LABEL_KEY,
     STREAM_PRIORITY_KEY,
@@ -36,6 +37,7 @@ from airstream.torch_internals import OpOverloadPacket, module_stack
 __all__ = [
     "add_control_edge",
     "fill_meta",
+    "graph_kind",
     "module_paths",
     "place_on_stream",
     "select_nodes",
