@@ -1,171 +1,15 @@
-"""The ``airstream`` command."""
+"""The argument parsers of the ``airstream`` command: each subcommand, its --help and examples."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    pass
+from airstream.cli import commands
+from airstream.cli.run import run_script
+from airstream.cli.selftest import run_selftest
 
-__all__ = ["main"]
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from airstream.demo import run_demo
-
-    text, ok = run_demo(size=args.size, seed=args.seed, out_dir=args.out or None)
-    print(text, end="")
-    return 0 if ok else 1
-
-
-def _bench(args: argparse.Namespace) -> int:
-    from airstream.bench.command import run_bench
-
-    return run_bench(args)
-
-
-def _explain(args: argparse.Namespace) -> int:
-    import importlib
-
-    from airstream.config import CompilerConfig
-    from airstream.explain import explain
-
-    module_name, _, attr = args.target.partition(":")
-    if not attr:
-        print(f"airstream explain: expected module:factory, got {args.target!r}", file=sys.stderr)
-        return 2
-    sys.path.insert(0, ".")
-    factory = getattr(importlib.import_module(module_name), attr)
-    made = factory()
-    if not isinstance(made, tuple) or len(made) not in (2, 3):
-        print(
-            f"airstream explain: {args.target}() must return (model, inputs) or "
-            f"(model, inputs, compiler_config), got {type(made).__name__}",
-            file=sys.stderr,
-        )
-        return 2
-    model, inputs = made[0], made[1]
-    config = made[2] if len(made) == 3 else CompilerConfig()
-    if args.dump:
-        config.debug.graph_dump.type = args.dump
-        config.debug.graph_dump.path = args.dump_path
-    inputs = inputs if isinstance(inputs, (list, tuple)) else (inputs,)
-    print(explain(model, *inputs, compiler_config=config))
-    return 0
-
-
-def _selftest(args: argparse.Namespace) -> int:
-    import json
-    import time
-
-    if args.suite == "fuzz":
-        from airstream.selftest.fuzz import run_fuzz
-
-        start = time.perf_counter()
-        report = run_fuzz(args.cases, seed=args.seed, runs=args.runs, mode=args.mode)
-        report["seconds"] = round(time.perf_counter() - start, 1)
-        report["seed"] = args.seed
-        if args.json:
-            print(json.dumps(report, indent=2))
-        else:
-            compared = (
-                f"with {report['segments']} Inductor segments against the aten path"
-                if args.mode == "max-autotune"
-                else "through the CPU runtime and the serial executor"
-            )
-            print(
-                f"fuzz: {report['valid']} valid programs ({report['side_stream_programs']} with "
-                f"side streams), each run {args.runs}x {compared}: all equal, no hang; "
-                f"{report['invalid']} broken programs: all "
-                f"StreamError {report['invalid_kinds']}; seed {args.seed}, "
-                f"{report['seconds']} s"
-            )
-        return 0
-    if args.suite == "models":
-        import dataclasses
-        import sys
-
-        from airstream.selftest.models import format_table, run_suite
-
-        def show(result: object) -> None:
-            status = getattr(result, "status", "")
-            if status != "n/a":
-                name = f"{getattr(result, 'arch', '')} {getattr(result, 'config', '')}"
-                print(f"  {name}: {status}", file=sys.stderr, flush=True)
-
-        try:
-            results = run_suite(
-                archs=args.archs.split(",") if args.archs else None,
-                configs=args.configs.split(",") if args.configs else None,
-                progress=None if args.json else show,
-            )
-        except ValueError as error:
-            print(f"airstream selftest models: {error}", file=sys.stderr)
-            return 2
-        if args.json:
-            print(json.dumps([dataclasses.asdict(r) for r in results], indent=2))
-        else:
-            print(format_table(results))
-        return 0 if all(r.status != "FAIL" for r in results) else 1
-    from airstream.selftest.opinfo import format_sweep, load_sweep, run_sweep
-
-    if args.load:
-        sweep = load_sweep(args.load.split(","), args.max_samples)
-    else:
-        shard = tuple(int(x) for x in args.shard.split("/"))
-        sweep = run_sweep(
-            ops=args.ops.split(",") if args.ops else None,
-            max_samples=args.max_samples,
-            inductor=not args.no_inductor,
-            progress=True,
-            configs=args.configs.split(",") if args.configs else None,
-            shard=(shard[0], shard[1]),
-            results_path=args.results,
-        )
-    print(json.dumps(sweep, indent=2) if args.json else format_sweep(sweep))
-    return 0
-
-
-def _doctor(args: argparse.Namespace) -> int:
-    import json
-
-    from airstream.doctor import collect, format_report
-
-    report = collect(recalibrate=args.recalibrate)
-    print(json.dumps(report.as_dict(), indent=2) if args.json else format_report(report), end="")
-    return 0 if report.healthy else 1
-
-
-def _run(args: argparse.Namespace) -> int:
-    """Run ``args.script`` with the TorchAir shims, then say what ran on which stream."""
-    import runpy
-
-    if not args.torchair:
-        print("airstream run: only --torchair scripts are supported so far", file=sys.stderr)
-        return 2
-    from airstream.compat.torchair import install
-    from airstream.run_report import WhereRan, where_ran
-    from airstream.runtime.trace import add_listener, remove_listener
-
-    seen = WhereRan() if install() else None
-    sys.argv = [args.script, *args.args]
-    if seen is not None:
-        add_listener(seen)
-    try:
-        runpy.run_path(args.script, run_name="__main__")
-    except SystemExit as stop:
-        if stop.code not in (None, 0):
-            raise
-    finally:
-        if seen is not None:
-            remove_listener(seen)
-    if seen is not None:
-        print(where_ran(seen), end="")
-    return 0
-
+__all__ = ["build_parser"]
 
 _BENCHES = {
     "overhead": "per-op cost against fx.GraphModule; what one side stream costs",
@@ -223,7 +67,7 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default="airstream_demo",
         help="where to write the dumps and the timeline (default airstream_demo; '' for none)",
     )
-    demo.set_defaults(func=_demo)
+    demo.set_defaults(func=commands.demo)
 
 
 def _add_explain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -246,7 +90,7 @@ def _add_explain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     explain.add_argument("--dump", choices=["txt", "py", "dot", "svg"], help="also write dumps")
     explain.add_argument("--dump-path", default="airstream_dump", help="where dumps go")
-    explain.set_defaults(func=_explain)
+    explain.set_defaults(func=commands.explain)
 
 
 def _add_selftest(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -317,7 +161,7 @@ def _add_selftest(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "sweeps nothing",
     )
     selftest.add_argument("--json", action="store_true", help="print the report as JSON")
-    selftest.set_defaults(func=_selftest)
+    selftest.set_defaults(func=run_selftest)
 
 
 def _add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -345,7 +189,7 @@ def _add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         action="store_true",
         help="measure the stream costs auto_streams decides with again (5-10 s) and cache them",
     )
-    doctor.set_defaults(func=_doctor)
+    doctor.set_defaults(func=commands.doctor)
 
 
 def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -369,7 +213,7 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run.add_argument("--torchair", action="store_true", help="resolve torchair/torch_npu here")
     run.add_argument("script", help="the script to run")
     run.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
-    run.set_defaults(func=_run)
+    run.set_defaults(func=run_script)
 
 
 def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -429,7 +273,7 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "cuda[:N] (CUDA streams and events; each timed call ends with a synchronize)",
     )
     bench.add_argument("--json", action="store_true", help="print the report as JSON")
-    bench.set_defaults(func=_bench)
+    bench.set_defaults(func=commands.bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -446,32 +290,3 @@ def build_parser() -> argparse.ArgumentParser:
     for add in (_add_demo, _add_explain, _add_selftest, _add_doctor, _add_run, _add_bench):
         add(sub)
     return parser
-
-
-def _relaunch_for_openmp() -> None:
-    """Start this command again with a short OpenMP spin if torch's OpenMP runtime read none.
-
-    The runtime reads its idle policy when torch loads, before a script runs; a process that
-    alternates multi-stream calls with its own torch work keeps more of the streams' speed with
-    idle threads that spin briefly (see airstream.openmp). ``import airstream`` sets the policy
-    before torch loads (airstream.launch), so this starts a second process only where something
-    imported torch before airstream. Does not return when it relaunches."""
-    import os
-
-    from airstream.openmp import launch_environment
-
-    extra = launch_environment(dict(os.environ))
-    if extra:
-        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, **extra})
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``airstream`` command; returns the exit status."""
-    args = build_parser().parse_args(argv)
-    if argv is None and args.command == "run":  # a process of its own: set its spin policy
-        _relaunch_for_openmp()
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

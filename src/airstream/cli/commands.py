@@ -1,0 +1,66 @@
+"""The commands that hand their arguments to one module: demo, explain, doctor, bench."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["bench", "demo", "doctor", "explain"]
+
+
+def demo(args: argparse.Namespace) -> int:
+    """``airstream demo``: the TorchAir guide's example, compiled and explained."""
+    from airstream.demo import run_demo
+
+    text, ok = run_demo(size=args.size, seed=args.seed, out_dir=args.out or None)
+    print(text, end="")
+    return 0 if ok else 1
+
+
+def bench(args: argparse.Namespace) -> int:
+    """``airstream bench``: one benchmark (airstream.bench.command)."""
+    from airstream.bench.command import run_bench
+
+    return run_bench(args)
+
+
+def explain(args: argparse.Namespace) -> int:
+    """``airstream explain``: compile the model of a module:factory target and report it."""
+    import importlib
+
+    from airstream.config import CompilerConfig
+    from airstream.explain import explain as explain_model
+
+    module_name, _, attr = args.target.partition(":")
+    if not attr:
+        print(f"airstream explain: expected module:factory, got {args.target!r}", file=sys.stderr)
+        return 2
+    sys.path.insert(0, ".")
+    factory = getattr(importlib.import_module(module_name), attr)
+    made = factory()
+    if not isinstance(made, tuple) or len(made) not in (2, 3):
+        print(
+            f"airstream explain: {args.target}() must return (model, inputs) or "
+            f"(model, inputs, compiler_config), got {type(made).__name__}",
+            file=sys.stderr,
+        )
+        return 2
+    model, inputs = made[0], made[1]
+    config = made[2] if len(made) == 3 else CompilerConfig()
+    if args.dump:
+        config.debug.graph_dump.type = args.dump
+        config.debug.graph_dump.path = args.dump_path
+    inputs = inputs if isinstance(inputs, (list, tuple)) else (inputs,)
+    print(explain_model(model, *inputs, compiler_config=config))
+    return 0
+
+
+def doctor(args: argparse.Namespace) -> int:
+    """``airstream doctor``: what a bug report needs (airstream.doctor)."""
+    import json
+
+    from airstream.doctor import collect, format_report
+
+    report = collect(recalibrate=args.recalibrate)
+    print(json.dumps(report.as_dict(), indent=2) if args.json else format_report(report), end="")
+    return 0 if report.healthy else 1
