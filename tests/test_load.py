@@ -56,7 +56,7 @@ def _run_threads(target: Any, n: int, timeout: float = 120) -> list[BaseExceptio
 # torch 2.11's Dynamo recompiles a function called from several threads at once now and then
 # (a BACKEND_MATCH guard failure, pytorch/pytorch#168373), and a call made while another thread
 # compiles fails there ("Detected that you are using FX to symbolically trace a
-# dynamo-optimized function"): README, Supported torch versions.
+# dynamo-optimized function"): docs/torch-versions.md.
 _DYNAMO_THREAD_SAFE = torch_internals.torch_release()[:2] >= (2, 13)
 
 

@@ -340,7 +340,7 @@ def format_report(report: Report) -> str:
                 "{release:.0f} us per call after the caller's own torch work and {restart:.0f} us "
                 "to its next parallel op".format(**cpu["openmp_release_costs_us"]),
                 f"  {'':<18}cheaper for processes you start: GOMP_SPINCOUNT=10000 (`airstream "
-                "run` sets it; README: OpenMP)",
+                "run` sets it; docs/compiling.md: OpenMP)",
             ]
             if cpu["openmp_release_costs_us"]
             else []
