@@ -172,11 +172,13 @@ def test_an_npugraph_ex_script_runs_unchanged_under_run_torchair(tmp_path: Path)
 def test_npugraph_ex_compile_fx_builds_a_custom_backend() -> None:
     """torch.npu.npugraph_ex.compile_fx(gm, example_inputs, options) as an AOTAutograd
     compiler, with npugraph_ex's option names (a pass among them)."""
+    from airstream.compat.torchair import config as compat_config
     from airstream.torch_internals import aot_module_simplified
 
     npu = npu_install._npu_namespace("cpu")
     torchair_ops.define_npugraph_ex_ops()
     seen: list[str] = []
+    compat_config._warned.discard("debug.aclgraph.clone_input")  # warned once per process
 
     def compiler(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
         options = {"clone_input": False, "post_grad_custom_pre_pass": _mm_abs_on_a_side_stream}

@@ -46,6 +46,8 @@ from typing import Any
 
 import torch
 
+from airstream import environment
+from airstream.cache_dir import cache_root
 from airstream.openmp import OPENMP_VARIABLES
 
 __all__ = ["NOMINAL", "MachineCosts", "cache_path", "identity", "machine_costs"]
@@ -126,12 +128,7 @@ def _key(ident: dict[str, Any]) -> str:
 
 def cache_path() -> Path:
     """Where measured figures are kept."""
-    root = os.environ.get("AIRSTREAM_CACHE_DIR")
-    if root:
-        return Path(root) / "calibration.json"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return base / "airstream" / "calibration.json"
+    return cache_root() / "calibration.json"
 
 
 def _load(key: str) -> MachineCosts | None:
@@ -169,13 +166,11 @@ def machine_costs(mode: str | None = None, *, recalibrate: bool = False) -> Mach
     """The figures ``auto_streams`` uses: ``mode`` ``"nominal"`` or ``"measured"`` (default:
     ``$AIRSTREAM_COSTS``, else ``"measured"``). Measured figures come from the cache, or are
     measured now and cached; if measuring fails, nominal figures are used with one warning."""
-    mode = mode or os.environ.get("AIRSTREAM_COSTS") or "measured"
+    mode = mode or environment.AIRSTREAM_COSTS.read()
     if mode == "nominal":
         return NOMINAL
     if mode != "measured":
-        raise ValueError(
-            f"airstream: AIRSTREAM_COSTS / costs must be 'measured' or 'nominal', got {mode!r}"
-        )
+        raise ValueError(f"airstream: costs must be 'measured' or 'nominal', got {mode!r}")
     threads = torch.get_num_threads()
     ident = identity(threads)
     key = _key(ident)

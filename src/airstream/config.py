@@ -9,7 +9,8 @@ that is not callable, or cannot be called as ``fn(gm, example_inputs, config)``,
 The machinery (:class:`~airstream.options.Option`, :class:`~airstream.options.OptionGroup` and
 the checks) lives in :mod:`airstream.options`. The TorchAir config
 (:mod:`airstream.compat.torchair.config`) follows TorchAir's own object model and is translated
-into this one.
+into this one (:mod:`airstream.compat.torchair.mapping`). The environment variables airstream
+reads are declared in :mod:`airstream.environment`.
 """
 
 from __future__ import annotations

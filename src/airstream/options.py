@@ -3,7 +3,8 @@
 :class:`Option` declares one option (default, check, doc, optional effect); :class:`OptionGroup`
 validates on assignment, nests groups, resolves dotted paths, and explains unknown names and bad
 values (:class:`~airstream.errors.ConfigError`, with "did you mean"). airstream's
-:class:`~airstream.config.CompilerConfig` is built on it. (The TorchAir config follows TorchAir's
+:class:`~airstream.config.CompilerConfig` is built on it, and the table of environment variables
+(:mod:`airstream.environment`) checks with its checks. (The TorchAir config follows TorchAir's
 own object model, leaves with ``.value``, in :mod:`airstream.compat.torchair.values`.)
 """
 

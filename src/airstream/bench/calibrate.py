@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from airstream import environment
 from airstream.calibration import MachineCosts, cache_path, machine_costs
 
 __all__ = ["costs_lines", "costs_report", "main", "measure"]
@@ -177,8 +178,8 @@ def main(argv: list[str]) -> int:
 
 def costs_report(recalibrate: bool = False) -> dict[str, Any]:
     """The figures auto_streams decides with here, for ``airstream doctor``."""
-    mode = os.environ.get("AIRSTREAM_COSTS") or "measured"
-    costs = machine_costs(mode if mode == "nominal" else "measured", recalibrate=recalibrate)
+    mode = environment.AIRSTREAM_COSTS.read()
+    costs = machine_costs(mode, recalibrate=recalibrate)
     return {
         **dataclasses.asdict(costs),
         "summary": costs.summary(),

@@ -37,6 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from airstream import environment
+from airstream.cache_dir import cache_root
 from airstream.openmp import openmp
 
 __all__ = ["SPIN_NS", "TeamRunner", "describe", "flag_type", "team_runner"]
@@ -49,11 +51,8 @@ _SOURCE_FILE = Path(__file__).with_name("handoff.c")
 
 
 def _cache_dir() -> Path:
-    root = os.environ.get("AIRSTREAM_CACHE_DIR")
-    if root:
-        return Path(root)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "airstream"
+    """airstream's cache directory (:func:`airstream.cache_dir.cache_root`)."""
+    return cache_root()
 
 
 def _build(target: Path) -> None:
@@ -79,7 +78,8 @@ def _build(target: Path) -> None:
 
 
 def _choice() -> str:
-    return os.environ.get("AIRSTREAM_HANDOFF", "").strip().lower()
+    """``AIRSTREAM_HANDOFF``: ``auto``, ``threads`` or ``locks`` (checked)."""
+    return environment.AIRSTREAM_HANDOFF.read()
 
 
 @functools.cache

@@ -9,7 +9,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from airstream.backend import AirstreamBackend
-from airstream.compat.torchair.config import CompilerConfig, capture_mode
+from airstream.compat.torchair.config import CompilerConfig
+from airstream.compat.torchair.mapping import capture_mode
 from airstream.config import CompilerConfig as AirConfig
 
 __all__ = ["OPTION_PATHS", "TorchairBackend"]

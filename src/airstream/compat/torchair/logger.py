@@ -16,6 +16,8 @@ import os
 import sys
 from typing import Any
 
+from airstream.environment import TORCH_COMPILE_DEBUG
+
 __all__ = ["EVENT", "logger"]
 
 EVENT = 35
@@ -45,7 +47,7 @@ def _make() -> _TorchairLogger:
     made.manager = manager
     made.parent = logging.getLogger()
     manager.loggerDict["torchair"] = made
-    made.setLevel(logging.DEBUG if os.environ.get("TORCH_COMPILE_DEBUG") == "1" else logging.ERROR)
+    made.setLevel(logging.DEBUG if TORCH_COMPILE_DEBUG.read() else logging.ERROR)
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(
         logging.Formatter(
