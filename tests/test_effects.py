@@ -67,3 +67,47 @@ def test_fusible_and_a_segments_summary() -> None:
     assert summary.writes == (x,), "the write-back into the graph input is visible outside"
     assert summary.aliases == (x,), "output t is a view of input x"
     assert summarize([add], [add]).aliases == ()
+
+
+def test_allocations_and_torch_side_effects_decide_merging_and_dropping() -> None:
+    from airstream.effects import droppable, mergeable
+
+    graph, x, y = _graph()
+    empty = graph.call_function(aten.empty_like.default, (x,))
+    relu = graph.call_function(aten.relu.default, (x,))
+    check = graph.call_function(aten._assert_async.msg, (x, "x must be nonzero"))
+    rand = graph.call_function(aten.rand.default, ([2],))
+    add_ = graph.call_function(aten.add_.Tensor, (x, y))
+    # fresh memory is pure (droppable when unused) but never merged: two buffers stay two
+    assert effects(empty).allocates and effects(empty).pure
+    assert droppable(empty) and not mergeable(empty)
+    assert mergeable(relu) and droppable(relu)
+    # torch's own rule: an assertion is kept though it returns nothing anyone uses
+    assert effects(check).impure and not effects(check).pure
+    assert not droppable(check) and not mergeable(check)
+    assert not droppable(rand) and not droppable(add_)
+    assert not droppable(x) and not droppable(graph.output(relu))
+
+
+def test_an_ops_rule_is_worked_out_once_per_op() -> None:
+    from airstream.effects import _rule, written_arguments
+
+    graph, x, y = _graph()
+    nodes = [graph.call_function(aten.mul_.Tensor, (x, y)) for _ in range(5)]
+    before = _rule.cache_info()
+    assert all(effects(n).writes == (x,) for n in nodes)
+    after = _rule.cache_info()
+    assert after.misses - before.misses <= 1 and after.hits - before.hits >= 4
+    assert written_arguments(aten.mul_.Tensor) == ("self",)
+    assert written_arguments(aten.mul.Tensor) == ()
+
+
+def test_higher_order_ops_follow_torchs_impurity_rules() -> None:
+    """``auto_functionalized_v2`` is pure when the op it wraps is (its writes are results)."""
+    graph, x, y = _graph()
+    hop = torch.ops.higher_order.auto_functionalized_v2
+    call = graph.call_function(
+        hop, (aten.add_.Tensor,), {"other": y, "_self_base_index": 0, "_all_bases": [x]}
+    )
+    assert effects(call).pure
+    assert not torch_internals.torch_side_effects(hop, (aten.add_.Tensor,), {})

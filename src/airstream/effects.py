@@ -13,12 +13,19 @@ from a global generator); *writes* are the arguments its schema marks ``(a!)``; 
 and ``air::wait_tensor`` alias their first argument; a *collective* is a
 ``torch.distributed`` functional collective that starts communication (its ``wait_tensor``
 completes one). It *syncs with the host* when tagged ``data_dependent_output`` or
-``dynamic_output_shape``. A Python callable FX calls (not an op) has no declared effects and is
-treated as pure, as FX itself does.
+``dynamic_output_shape``. It *allocates* when its result is fresh, uninitialized memory (``empty``,
+``empty_like``, ...: two such results are two buffers, never one value). Beyond the schema,
+torch's own side-effect rules decide (``torch.fx.node``'s side-effectful functions, ops registered
+as effectful, higher-order ops such as ``auto_functionalized`` by their arguments): such a node is
+*impure*, kept and never merged or moved. A Python callable with none of these is pure, as in FX.
+
+What an op's schema and tags say is worked out once per op (:func:`_rule`, memoised); a node's
+effects map that rule onto its arguments.
 """
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -31,23 +38,46 @@ from airstream.ops.air_print import air_print
 from airstream.ops.library import is_air_op, record, scope_enter, scope_exit, wait, wait_tensor
 from airstream.ops.native import NATIVE_HOST_SYNCS, NATIVE_OPS
 from airstream.ops.tagged import TAGGED_EVENT_OPS
-from airstream.torch_internals import OpOverload, collective_op_name, op_name, op_schema
+from airstream.torch_internals import (
+    OpOverload,
+    collective_op_name,
+    is_higher_order,
+    op_name,
+    op_schema,
+    torch_side_effects,
+)
 
 __all__ = [
     "EFFECTS_KEY",
     "Effects",
     "alias_classes",
     "data_inputs",
+    "droppable",
     "effects",
     "fusible",
     "inplace_variant",
     "is_executed",
+    "mergeable",
     "summarize",
+    "written_arguments",
 ]
 
 EFFECTS_KEY = "air_effects"  # node.meta key: an Effects summary (fused segment nodes)
 
 _FUSIBLE_NAMESPACES = frozenset({"aten", "prims"})
+
+_aten = torch.ops.aten
+# Their result is new, uninitialized memory, not a value computed from the inputs.
+_ALLOCATIONS = frozenset(
+    {
+        _aten.empty.memory_format,
+        _aten.empty_like.default,
+        _aten.empty_strided.default,
+        _aten.empty_permuted.default,
+        _aten.new_empty.default,
+        _aten.new_empty_strided.default,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -65,6 +95,9 @@ class Effects:
         host_sync: reads device data back to the host (``.item()``, ``nonzero``'s count, any op
             whose output or output shape depends on tensor values): it waits for the device,
             and cannot be captured into a CUDA graph.
+        allocates: its result is fresh uninitialized memory (``empty``, ...): never merged.
+        impure: torch's own rules say it has an effect beyond its result (an assertion, a
+            registered effectful op, a higher-order op wrapping one): kept where it is.
     """
 
     random: bool = False
@@ -75,6 +108,8 @@ class Effects:
     collective_wait: bool = False
     air: bool = False
     host_sync: bool = False
+    allocates: bool = False
+    impure: bool = False
 
     @property
     def mutates(self) -> bool:
@@ -90,7 +125,7 @@ class Effects:
     def pure(self) -> bool:
         """Running it has no effect but its result: safe to run on made-up inputs, to move, to
         drop when unused."""
-        return not (self.ordered or self.collective_wait or self.air)
+        return not (self.ordered or self.collective_wait or self.air or self.impure)
 
 
 _PURE = Effects()
@@ -103,6 +138,62 @@ def _arg_value(node: torch.fx.Node, index: int, name: str) -> Any:
 def _nodes_in(value: Any) -> list[torch.fx.Node]:
     values = value if isinstance(value, (list, tuple)) else [value]
     return [v for v in values if isinstance(v, torch.fx.Node)]
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """What an op's schema and tags say, by argument position: worked out once per op."""
+
+    writes: tuple[tuple[int, str], ...] = ()  # (position, name) of each argument written
+    aliases: tuple[tuple[int, str], ...] = ()  # ... of each argument the result may alias
+    view: bool = False
+    random: bool = False
+    collective: str | None = None  # the collective's name (``wait_tensor`` completes one)
+    host_sync: bool = False
+    allocates: bool = False
+    impure: bool = False
+
+
+@functools.cache
+def _rule(target: Any) -> _Rule:
+    """The rule of a call target that is not one of airstream's own ops (memoised)."""
+    impure = torch_side_effects(target)
+    if not isinstance(target, OpOverload):
+        return _Rule(impure=impure)
+    schema = op_schema(target)
+    if schema is None:
+        return _Rule(impure=impure)
+    writes: list[tuple[int, str]] = []
+    aliases: list[tuple[int, str]] = []
+    returned = [r.alias_info for r in schema.returns if r.alias_info is not None]
+    returned_sets = {s for info in returned for s in info.before_set}
+    for i, arg in enumerate(schema.arguments):
+        info = arg.alias_info
+        if info is None:
+            continue
+        if info.is_write:
+            writes.append((i, arg.name))
+        # the result aliases it: the same alias set, or a list of views of it (``a -> *``)
+        if returned_sets & set(info.before_set) or "*" in info.after_set or not returned_sets:
+            aliases.append((i, arg.name))
+    tags = target.tags
+    return _Rule(
+        writes=tuple(writes),
+        aliases=tuple(aliases) if returned else (),
+        view=bool(returned) and not writes,
+        random=torch.Tag.nondeterministic_seeded in tags,
+        collective=collective_op_name(target),
+        host_sync=torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags,
+        allocates=target in _ALLOCATIONS,
+        impure=impure and not writes,  # a written input is the effect torch means
+    )
+
+
+def _args_at(node: torch.fx.Node, where: tuple[tuple[int, str], ...]) -> list[torch.fx.Node]:
+    found: list[torch.fx.Node] = []
+    for index, name in where:
+        found += _nodes_in(_arg_value(node, index, name))
+    return list(dict.fromkeys(found))
 
 
 def effects(node: torch.fx.Node) -> Effects:
@@ -122,41 +213,54 @@ def effects(node: torch.fx.Node) -> Effects:
         return Effects(air=True)
     if target in NATIVE_OPS:  # the user's own streams and events (on CUDA)
         return Effects(air=True, host_sync=target in NATIVE_HOST_SYNCS)
-    if not isinstance(target, OpOverload):
+    if is_higher_order(target):  # its effects depend on what it wraps
+        impure = torch_side_effects(target, node.args, node.kwargs)
+        return Effects(impure=impure) if impure else _PURE
+    try:
+        rule = _rule(target)
+    except TypeError:  # an unhashable callable: no declared effects
         return _PURE
-    schema = op_schema(target)
-    if schema is None:
+    if rule == _NO_RULE:
         return _PURE
-    writes: list[torch.fx.Node] = []
-    aliases: list[torch.fx.Node] = []
-    returned = [r.alias_info for r in schema.returns if r.alias_info is not None]
-    returned_sets = {s for info in returned for s in info.before_set}
-    for i, arg in enumerate(schema.arguments):
-        info = arg.alias_info
-        if info is None:
-            continue
-        inputs = _nodes_in(_arg_value(node, i, arg.name))
-        if info.is_write:
-            writes += inputs
-        # the result aliases it: the same alias set, or a list of views of it (``a -> *``)
-        if returned_sets & set(info.before_set) or "*" in info.after_set or not returned_sets:
-            aliases += inputs
-    view = bool(returned) and not writes
-    if not returned:
-        aliases = []
-    collective = collective_op_name(target)
+    collective = rule.collective
+    aliases = _args_at(node, rule.aliases)
     if collective == "wait_tensor":  # returns the tensor the collective wrote (no annotation)
         aliases = _nodes_in(node.args[0])
-    tags = target.tags
     return Effects(
-        random=torch.Tag.nondeterministic_seeded in tags,
-        writes=tuple(dict.fromkeys(writes)),
-        aliases=tuple(dict.fromkeys(aliases)),
-        view=view,
+        random=rule.random,
+        writes=tuple(_args_at(node, rule.writes)),
+        aliases=tuple(aliases),
+        view=rule.view,
         collective=collective is not None and collective != "wait_tensor",
         collective_wait=collective == "wait_tensor",
-        host_sync=torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags,
+        host_sync=rule.host_sync,
+        allocates=rule.allocates,
+        impure=rule.impure,
     )
+
+
+_NO_RULE = _Rule()
+
+
+def written_arguments(op: Any) -> tuple[str, ...]:
+    """The names of the arguments ``op`` writes in place (its schema's ``(a!)``)."""
+    return tuple(name for _, name in _rule(op).writes)
+
+
+def droppable(node: torch.fx.Node) -> bool:
+    """May ``node`` be erased when nothing uses its result? Not the graph's inputs or output,
+    not a submodule call (its effects are its own), not a node with an effect beyond its result
+    (random draws included: dropping an unused ``rand`` would shift every later draw)."""
+    return node.op not in ("placeholder", "output", "call_module") and effects(node).pure
+
+
+def mergeable(node: torch.fx.Node) -> bool:
+    """May ``node`` be merged with an identical earlier node (CSE)? A pure call whose result is
+    a value: not fresh memory (two ``empty`` buffers a custom op writes are two buffers)."""
+    if node.op != "call_function":
+        return False
+    found = effects(node)
+    return found.pure and not found.allocates
 
 
 def is_executed(node: torch.fx.Node) -> bool:

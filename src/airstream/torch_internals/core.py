@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.autograd.profiler
 import torch.fx
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from airstream.errors import TorchSupportError
 from airstream.torch_internals.registry import (
     _attr,
     _bind,
@@ -41,7 +38,7 @@ def _probe_op_overload() -> tuple[type, type, type]:
     op = torch.ops.aten.add_.Tensor
     if not isinstance(op, ops.OpOverload):
         raise TypeError("torch.ops.aten.add_.Tensor is not a torch._ops.OpOverload")
-    if not op._schema.is_mutable or op._opname != "add_" or op._overloadname != "Tensor":
+    if op._schema.name != "aten::add_" or op._opname != "add_" or op._overloadname != "Tensor":
         raise AttributeError("OpOverload._schema/._opname/._overloadname changed meaning")
     return ops.OpOverload, ops.OpOverloadPacket, ops.OperatorBase
 
@@ -100,6 +97,33 @@ def _probe_profiler_flag() -> Any:
 )
 def _probe_dynamo_skip() -> Callable[..., Any]:
     return _attr("torch._dynamo.decorators:skip")
+
+
+@_feature(
+    "impurity",
+    "torch._library.utils.is_impure",
+    "core",
+    "torch's own side-effect rules (side-effectful functions, ops registered as effectful, "
+    "higher-order ops such as auto_functionalized), which airstream.effects follows",
+)
+def _probe_impurity() -> Callable[..., bool]:
+    fn = _attr("torch._library.utils:is_impure")
+    if not fn(torch.ops.aten._assert_async.msg) or fn(torch.ops.aten.add.Tensor):
+        raise RuntimeError("is_impure no longer tells _assert_async from add")
+    return fn
+
+
+def torch_side_effects(target: Any, args: Any = None, kwargs: Any = None) -> bool:
+    """torch's verdict on whether calling ``target`` has an effect beyond its result, random
+    number draws not counted (``airstream.effects`` decides those from the op's tag)."""
+    return bool(_get("impurity")(target, args=args, kwargs=kwargs, impure_random=False))
+
+
+def is_higher_order(target: Any) -> bool:
+    """A higher-order operator (``auto_functionalized``, ``cond``, ...): its effects depend on
+    its arguments, not on the target alone."""
+    ops = (OpOverload, OpOverloadPacket)
+    return isinstance(target, OperatorBase) and not isinstance(target, ops)
 
 
 if TYPE_CHECKING:  # for the type checker: the classes the probe finds at run time
@@ -316,142 +340,3 @@ def eval_frame_callback_getter() -> Callable[[], Any] | None:
     call), to be called from a ``dynamo_skip`` frame: being C, it opens no frame Dynamo would
     try to trace. None (after one warning) on a torch without it."""
     return _optional("eval_frame_callback")
-
-
-# --- reinplace: custom ops that write their inputs ---------------------------------------------
-
-
-@_feature(
-    "auto_functionalized",
-    "torch.ops.higher_order.auto_functionalized_v2(op, _all_bases=[...], _<arg>_base_index=i, "
-    "...): its results are the op's returns, then each base's new value",
-    "reinplace",
-    "calling a custom op that writes graph inputs directly instead of through copies",
-)
-def _probe_auto_functionalized() -> Any:
-    hop = _attr("torch._higher_order_ops.auto_functionalize:auto_functionalized_v2")
-    _module_reads("torch._higher_order_ops.auto_functionalize", "_all_bases")
-    if torch.ops.higher_order.auto_functionalized_v2 is not hop:
-        raise LookupError("torch.ops.higher_order.auto_functionalized_v2 is another object")
-    return hop
-
-
-@dataclass(frozen=True)
-class FunctionalizedCall:
-    """What an ``auto_functionalized_v2`` node stands for: ``op(**kwargs)`` writing ``bases``.
-
-    ``kwargs`` holds the op's arguments with each written one replaced by its base node; the
-    node's results are ``returns`` slots for the op's result (one, ``None``, when the op returns
-    nothing; one per value when it returns several), then each base's new value, in order.
-    """
-
-    op: OpOverload
-    kwargs: Mapping[str, Any]
-    bases: tuple[torch.fx.Node, ...]
-    returns: int
-
-
-def _covers(base: torch.fx.Node, size: Any, stride: Any, offset: Any) -> bool:
-    """Is the view ``as_strided(base, size, stride, offset)`` all of ``base``?"""
-    val = base.meta.get("val")
-    if not isinstance(val, torch.Tensor) or not isinstance(size, list | tuple):
-        return False
-    if len(size) != val.dim() or len(stride) != val.dim():
-        return False
-    pairs = [
-        *zip(val.shape, size, strict=True),
-        *zip(val.stride(), stride, strict=True),
-        (val.storage_offset(), offset),
-    ]
-    return all(statically_known_true(a == b) for a, b in pairs)  # no guard on a symbolic size
-
-
-def _whole_base(kwargs: Mapping[str, Any], prefix: str, base: torch.fx.Node) -> bool:
-    """Does the view metadata under ``prefix`` describe all of ``base``: none, an alias, or an
-    ``as_strided`` view with the base's own size, stride and offset?"""
-    keys = {k[len(prefix) :] for k in kwargs if k.startswith(prefix)} - {"base_index"}
-    if not keys or keys == {"alias"}:
-        return True
-    if keys == {"size", "stride", "storage_offset"}:
-        return _covers(
-            base,
-            kwargs[f"{prefix}size"],
-            kwargs[f"{prefix}stride"],
-            kwargs[f"{prefix}storage_offset"],
-        )
-    return False  # a slice of its base, a list of tensors, or view metadata unknown here
-
-
-def functionalized_call(node: torch.fx.Node) -> FunctionalizedCall | None:
-    """The direct call behind an ``auto_functionalized_v2`` node whose written arguments are each
-    all of a base (the base itself, an alias, or a view covering it; no slice, no list); None for
-    anything else."""
-    if node.op != "call_function" or not node.args:
-        return None
-    try:
-        hop = _get("auto_functionalized")
-    except TorchSupportError:  # this torch has none: nothing to rewrite
-        return None
-    op = node.args[0]
-    if node.target is not hop or not isinstance(op, OpOverload):
-        return None
-    kwargs = dict(node.kwargs)
-    bases = kwargs.pop("_all_bases", None)
-    if not isinstance(bases, list | tuple) or not all(isinstance(b, torch.fx.Node) for b in bases):
-        return None
-    call: dict[str, Any] = {}
-    used: set[int] = set()
-    for arg in op._schema.arguments:
-        info = arg.alias_info
-        if info is not None and info.is_write:
-            prefix = f"_{arg.name}_"
-            index = kwargs.get(f"{prefix}base_index")
-            if not isinstance(index, int) or index in used or not 0 <= index < len(bases):
-                return None
-            if not _whole_base(kwargs, prefix, bases[index]):
-                return None
-            used.add(index)
-            call[arg.name] = bases[index]
-        elif arg.name in kwargs:
-            call[arg.name] = kwargs[arg.name]
-    if len(used) != len(bases):
-        return None
-    return FunctionalizedCall(op, call, tuple(bases), max(1, len(op._schema.returns)))
-
-
-@_feature(
-    "aot_output_info",
-    "torch._guards.TracingContext.try_get().fw_metadata: .output_info[i].output_type "
-    "(torch._functorch._aot_autograd.schemas.OutputType.alias_of_input / is_input) and "
-    ".num_mutated_inp_runtime_indices",
-    "reinplace",
-    "telling an output AOTAutograd rebuilds from an input (a view of a mutated input) from a "
-    "new tensor the caller owns",
-)
-def _probe_aot_output_info() -> tuple[Any, tuple[Any, ...]]:
-    context = _attr("torch._guards:TracingContext")
-    output_type = _attr("torch._functorch._aot_autograd.schemas:OutputType")
-    meta = _attr("torch._functorch._aot_autograd.schemas:ViewAndMutationMeta")
-    if "output_info" not in getattr(meta, "__dataclass_fields__", {}):
-        raise AttributeError("ViewAndMutationMeta has no output_info field")
-    return context, (output_type.alias_of_input, output_type.is_input)
-
-
-def outputs_rebuilt_from_inputs(num_outputs: int) -> frozenset[int]:
-    """Positions in the output tuple of the graph AOTAutograd is compiling that its runtime
-    replaces with a view of an input (the graph's value only describes the view). Empty when
-    unknown: outside a compile, or on a torch without this metadata."""
-    try:
-        context, rebuilt = _get("aot_output_info")
-    except TorchSupportError:
-        return frozenset()
-    tracing = context.try_get()
-    meta = getattr(tracing, "fw_metadata", None)
-    if meta is None:
-        return frozenset()
-    start = getattr(meta, "num_mutated_inp_runtime_indices", None)
-    if not isinstance(start, int) or start + len(meta.output_info) > num_outputs:
-        return frozenset()
-    return frozenset(
-        start + i for i, info in enumerate(meta.output_info) if info.output_type in rebuilt
-    )

@@ -195,9 +195,7 @@ def control_deps_parts(gm: torch.fx.GraphModule, node: torch.fx.Node) -> Control
     results = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
     returned = {i: None if r is calls[0] else to_outer(r) for i, r in enumerate(results)}
     kwargs = {k: to_outer(v) for k, v in calls[0].kwargs.items()}
-    return ControlDeps(
-        calls[0].target, tuple(to_outer(a) for a in calls[0].args), returned, kwargs
-    )
+    return ControlDeps(calls[0].target, tuple(to_outer(a) for a in calls[0].args), returned, kwargs)
 
 
 def mentions_native_ir(node: torch.fx.Node) -> bool:

@@ -19,9 +19,10 @@ After::
 
 A node is merged into an earlier identical one (same target, same arguments after merging) only
 when no air op lies between them: merging across a marker would move work to another stream or
-across an event. Air ops, impure ops (mutation, RNG), nodes with unhashable arguments and fresh
-uninitialized allocations (``empty``, ``empty_like``, ...: two buffers a custom op writes, which
-merged would be one) are never merged.
+across an event. Only what :func:`airstream.effects.mergeable` allows is merged: no air op, no
+op with an effect (mutation, RNG, torch's side-effectful ops), no fresh uninitialized allocation
+(``empty``, ``empty_like``, ...: two buffers a custom op writes, which merged would be one); nor a
+node with unhashable arguments.
 """
 
 from __future__ import annotations
@@ -32,24 +33,10 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.ops.library import is_air_op
+from airstream.effects import mergeable
 from airstream.passes.regions import region_index
 
 __all__ = ["cse"]
-
-
-aten = torch.ops.aten
-
-# Their result is new memory, not a value: merging two would make two buffers one.
-_ALLOCATIONS = frozenset(
-    {
-        aten.empty.memory_format,
-        aten.empty_like.default,
-        aten.empty_strided.default,
-        aten.new_empty.default,
-        aten.new_empty_strided.default,
-    }
-)
 
 
 class _Unhashable(Exception):
@@ -77,9 +64,7 @@ def cse(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Any) ->
     regions = region_index(gm.graph)
     seen: dict[Hashable, torch.fx.Node] = {}
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or is_air_op(node.target) or node.is_impure():
-            continue
-        if node.target in _ALLOCATIONS:
+        if not mergeable(node):
             continue
         try:
             key = (

@@ -17,10 +17,10 @@ After::
     add = aten.add.Tensor(mm, 1)
     return (add,)
 
-Uses FX's own ``eliminate_dead_code``: nodes are only erased, never moved. Air ops are
-registered side-effectful and RNG ops count as impure, so neither is ever removed (removing an
-unused ``rand`` would shift the random stream of every later op). FX's default under a tracing
-context follows Inductor's ``fallback_random`` and would drop them; this pass always keeps them.
+Uses FX's own ``eliminate_dead_code``: nodes are only erased, never moved. What may go is
+:func:`airstream.effects.droppable`'s answer: never an air op, a write, a collective or an RNG op
+(removing an unused ``rand`` would shift the random stream of every later op; FX's default under
+a tracing context follows Inductor's ``fallback_random`` and would drop it).
 """
 
 from __future__ import annotations
@@ -30,11 +30,13 @@ from typing import Any
 
 import torch.fx
 
+from airstream.effects import droppable
+
 __all__ = ["dead_code_elimination"]
 
 
 def _has_side_effect(node: torch.fx.Node) -> bool:
-    return node.is_impure(impure_random=True)
+    return not droppable(node)
 
 
 def dead_code_elimination(

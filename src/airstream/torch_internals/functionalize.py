@@ -1,0 +1,156 @@
+"""torch's encodings behind airstream's in-place rewriting: what an ``auto_functionalized_v2``
+node stands for, and which outputs AOTAutograd rebuilds from inputs at run time."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from airstream.errors import TorchSupportError
+from airstream.torch_internals.core import OpOverload
+from airstream.torch_internals.registry import _attr, _feature, _get, _module_reads
+
+__all__ = ["FunctionalizedCall", "functionalized_call", "outputs_rebuilt_from_inputs"]
+
+
+# --- reinplace: custom ops that write their inputs ---------------------------------------------
+
+
+@_feature(
+    "auto_functionalized",
+    "torch.ops.higher_order.auto_functionalized_v2(op, _all_bases=[...], _<arg>_base_index=i, "
+    "...): its results are the op's returns, then each base's new value",
+    "reinplace",
+    "calling a custom op that writes graph inputs directly instead of through copies",
+)
+def _probe_auto_functionalized() -> Any:
+    hop = _attr("torch._higher_order_ops.auto_functionalize:auto_functionalized_v2")
+    _module_reads("torch._higher_order_ops.auto_functionalize", "_all_bases")
+    if torch.ops.higher_order.auto_functionalized_v2 is not hop:
+        raise LookupError("torch.ops.higher_order.auto_functionalized_v2 is another object")
+    return hop
+
+
+@dataclass(frozen=True)
+class FunctionalizedCall:
+    """What an ``auto_functionalized_v2`` node stands for: ``op(**kwargs)`` writing ``bases``.
+
+    ``kwargs`` holds the op's arguments with each written one replaced by its base node; the
+    node's results are ``returns`` slots for the op's result (one, ``None``, when the op returns
+    nothing; one per value when it returns several), then each base's new value, in order.
+    """
+
+    op: OpOverload
+    kwargs: Mapping[str, Any]
+    bases: tuple[torch.fx.Node, ...]
+    returns: int
+
+
+def _covers(base: torch.fx.Node, size: Any, stride: Any, offset: Any) -> bool:
+    """Is the view ``as_strided(base, size, stride, offset)`` all of ``base``?"""
+    val = base.meta.get("val")
+    if not isinstance(val, torch.Tensor) or not isinstance(size, list | tuple):
+        return False
+    if len(size) != val.dim() or len(stride) != val.dim():
+        return False
+    pairs = [
+        *zip(val.shape, size, strict=True),
+        *zip(val.stride(), stride, strict=True),
+        (val.storage_offset(), offset),
+    ]
+    return all(statically_known_true(a == b) for a, b in pairs)  # no guard on a symbolic size
+
+
+def _whole_base(kwargs: Mapping[str, Any], prefix: str, base: torch.fx.Node) -> bool:
+    """Does the view metadata under ``prefix`` describe all of ``base``: none, an alias, or an
+    ``as_strided`` view with the base's own size, stride and offset?"""
+    keys = {k[len(prefix) :] for k in kwargs if k.startswith(prefix)} - {"base_index"}
+    if not keys or keys == {"alias"}:
+        return True
+    if keys == {"size", "stride", "storage_offset"}:
+        return _covers(
+            base,
+            kwargs[f"{prefix}size"],
+            kwargs[f"{prefix}stride"],
+            kwargs[f"{prefix}storage_offset"],
+        )
+    return False  # a slice of its base, a list of tensors, or view metadata unknown here
+
+
+def functionalized_call(node: torch.fx.Node) -> FunctionalizedCall | None:
+    """The direct call behind an ``auto_functionalized_v2`` node whose written arguments are each
+    all of a base (the base itself, an alias, or a view covering it; no slice, no list); None for
+    anything else."""
+    if node.op != "call_function" or not node.args:
+        return None
+    try:
+        hop = _get("auto_functionalized")
+    except TorchSupportError:  # this torch has none: nothing to rewrite
+        return None
+    op = node.args[0]
+    if node.target is not hop or not isinstance(op, OpOverload):
+        return None
+    kwargs = dict(node.kwargs)
+    bases = kwargs.pop("_all_bases", None)
+    if not isinstance(bases, list | tuple) or not all(isinstance(b, torch.fx.Node) for b in bases):
+        return None
+    call: dict[str, Any] = {}
+    used: set[int] = set()
+    for arg in op._schema.arguments:
+        prefix = f"_{arg.name}_"
+        if f"{prefix}base_index" in kwargs:  # the encoding names each argument the op writes
+            index = kwargs.get(f"{prefix}base_index")
+            if not isinstance(index, int) or index in used or not 0 <= index < len(bases):
+                return None
+            if not _whole_base(kwargs, prefix, bases[index]):
+                return None
+            used.add(index)
+            call[arg.name] = bases[index]
+        elif arg.name in kwargs:
+            call[arg.name] = kwargs[arg.name]
+    if len(used) != len(bases):
+        return None
+    return FunctionalizedCall(op, call, tuple(bases), max(1, len(op._schema.returns)))
+
+
+@_feature(
+    "aot_output_info",
+    "torch._guards.TracingContext.try_get().fw_metadata: .output_info[i].output_type "
+    "(torch._functorch._aot_autograd.schemas.OutputType.alias_of_input / is_input) and "
+    ".num_mutated_inp_runtime_indices",
+    "reinplace",
+    "telling an output AOTAutograd rebuilds from an input (a view of a mutated input) from a "
+    "new tensor the caller owns",
+)
+def _probe_aot_output_info() -> tuple[Any, tuple[Any, ...]]:
+    context = _attr("torch._guards:TracingContext")
+    output_type = _attr("torch._functorch._aot_autograd.schemas:OutputType")
+    meta = _attr("torch._functorch._aot_autograd.schemas:ViewAndMutationMeta")
+    if "output_info" not in getattr(meta, "__dataclass_fields__", {}):
+        raise AttributeError("ViewAndMutationMeta has no output_info field")
+    return context, (output_type.alias_of_input, output_type.is_input)
+
+
+def outputs_rebuilt_from_inputs(num_outputs: int) -> frozenset[int]:
+    """Positions in the output tuple of the graph AOTAutograd is compiling that its runtime
+    replaces with a view of an input (the graph's value only describes the view). Empty when
+    unknown: outside a compile, or on a torch without this metadata."""
+    try:
+        context, rebuilt = _get("aot_output_info")
+    except TorchSupportError:
+        return frozenset()
+    tracing = context.try_get()
+    meta = getattr(tracing, "fw_metadata", None)
+    if meta is None:
+        return frozenset()
+    start = getattr(meta, "num_mutated_inp_runtime_indices", None)
+    if not isinstance(start, int) or start + len(meta.output_info) > num_outputs:
+        return frozenset()
+    return frozenset(
+        start + i for i, info in enumerate(meta.output_info) if info.output_type in rebuilt
+    )
