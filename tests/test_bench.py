@@ -203,9 +203,7 @@ def test_bench_decode_alt_stream_runner_runs_the_models_own_stream(
     monkeypatch.setattr(decode, "DECODE_MODELS", {"qwen2-moe": _TINY_QWEN2_MOE})
     model, _ = decode.build_model("qwen2-moe")
     backend = decode._plain_backend()
-    alt_step, _ = decode.decode_step(
-        decode._alt_stream_model("qwen2-moe", "cpu"), backend, 2, 4, 8
-    )
+    alt_step, _ = decode.decode_step(decode._alt_stream_model("qwen2-moe", "cpu"), backend, 2, 4, 8)
     eager_step, _ = decode.decode_step(model, None, 2, 4, 8)
     torch.testing.assert_close(alt_step(), eager_step(), rtol=1e-4, atol=1e-4)
     sides = {label for g in backend.graphs for label in g.streams.side_streams}

@@ -1,6 +1,7 @@
 """Errors a person reads first: a short backend repr, airstream's compile errors with the frames
-of the user's code (not torch's or airstream's), a pass's signature checked when it is assigned,
-and a warning for a pass that returns something."""
+of the user's code and the one frame where airstream raised (none of torch's, no other of
+airstream's), a pass's signature checked when it is assigned, and a warning for a pass that returns
+something."""
 
 from __future__ import annotations
 
@@ -63,16 +64,26 @@ def test_pass_error_traceback_ends_in_the_pass_without_internal_frames() -> None
     exc = _compile_error(_raising_pass)
     assert isinstance(cause_of(exc, PassError), PassError)
     below = _frames_below_backend(exc)
-    # only the user's frames: the pass and the line in it that raised
-    assert [(f.filename, f.name) for f in below] == [(__file__, "_raising_pass")]
-    assert below[0].line == 'raise ValueError("boom in the pass")'
+    # the frame where airstream raised (the pass manager, at its call of the pass), then the
+    # user's frames: the pass and the line in it that raised
+    manager = str(Path(AIRSTREAM_DIR, "passes", "manager.py"))
+    assert [(f.filename, f.name) for f in below] == [
+        (manager, "_run_one"),
+        (__file__, "_raising_pass"),
+    ]
+    assert below[-1].line == 'raise ValueError("boom in the pass")'
 
 
 def test_stream_error_traceback_leaves_out_torch_and_airstream_frames() -> None:
     exc = _compile_error(_unpaired_pass)
     error = cause_of(exc, StreamError)
     assert error is not None and "never closed" in str(error)
-    assert _frames_below_backend(exc) == []
+    # only the frame where airstream raised it: the stream analysis's check, its raise line
+    below = _frames_below_backend(exc)
+    assert [(f.filename, f.name) for f in below] == [
+        (str(Path(AIRSTREAM_DIR, "streams.py")), "assign_streams")
+    ]
+    assert below[0].line is not None and below[0].line.startswith("raise StreamError(")
     # the error itself still names the pass that inserted the marker
     assert "_unpaired_pass" in str(error)
 

@@ -93,8 +93,8 @@ def test_a_multi_stream_call_releases_idle_threads_where_they_spin_long(
     streams on that team (the default on GNU OpenMP) has nothing to release."""
     import dataclasses
 
-    from airstream import backend as backend_module
     from airstream.runtime import cpu
+    from airstream.runtime import select as backend_module  # chooses the executor
 
     if team and cpu.team_runner() is None:
         pytest.skip("no OpenMP team here (torch is not on GNU OpenMP, or no extension)")

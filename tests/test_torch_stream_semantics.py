@@ -39,8 +39,13 @@ def _objects(device: str) -> types.SimpleNamespace:
         events = [CpuEvent() for _ in range(3)]
         main = airstream.current_stream("cpu")
     return types.SimpleNamespace(
-        main=main, s1=streams[0], s2=streams[1], s3=streams[2],
-        e1=events[0], e2=events[1], e3=events[2],
+        main=main,
+        s1=streams[0],
+        s2=streams[1],
+        s3=streams[2],
+        e1=events[0],
+        e2=events[1],
+        e3=events[2],
     )
 
 

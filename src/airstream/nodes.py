@@ -5,16 +5,14 @@ from __future__ import annotations
 import math
 import operator
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.fx
 import torch.nn.functional
 
+from airstream.fused import CompiledSegment
 from airstream.torch_internals import OpOverload, OpOverloadPacket, op_name, stack_trace
-
-if TYPE_CHECKING:  # types only: the fuser (schedule/fuse.py) sits above this module
-    from airstream.schedule.fuse import CompiledSegment
 
 __all__ = [
     "GRAPH_KINDS",

@@ -1,8 +1,9 @@
 """Compile events the backend publishes, for whoever subscribes (dumps, ``explain``, tools).
 
 Data flows one way: the backend compiles and announces what it did; observers look and never
-steer. ``CompileObserver`` extends the pass pipeline's :class:`PassObserver` (the graph as the
-pipeline receives it, before each pass, after each stage, a failure) with the events around it::
+steer (:class:`ReadOnly` holds the observers a user gives the backend to that).
+``CompileObserver`` extends the pass pipeline's :class:`PassObserver` (the graph as the pipeline
+receives it, before each pass, after each stage, a failure) with the events around it::
 
     graph_traced     the Dynamo graph, before AOTAutograd (once per Dynamo graph)
     started ... stage_done ... failed      the pass pipeline (per inference/forward/backward graph)
@@ -15,18 +16,38 @@ Runtime events (a call's per-stream timeline) go through ``runtime/trace.py``'s 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch.fx
 
-from airstream.passes.manager import PassObserver, PassSpec
+from airstream.errors import AirstreamError
+from airstream.fused import CompiledSegment
+from airstream.passes.manager import PassObserver, PassResult, PassSpec
+from airstream.runtime.codegen import Executor
 from airstream.schedule.plan import StreamPlan
 from airstream.streams import StreamAssignment
+from airstream.torch_internals import stream_annotations
 
-if TYPE_CHECKING:  # the backend (above this module) defines CompiledGraph
-    from airstream.backend import CompiledGraph
+__all__ = ["CompileObserver", "CompiledGraph", "Observers", "ReadOnly"]
 
-__all__ = ["CompileObserver", "Observers"]
+
+@dataclass(frozen=True)
+class CompiledGraph:
+    """One compiled graph: its kind, the optimized graph, its streams and plan, the passes run,
+    the executor that runs it, and (max-autotune) what became of each segment."""
+
+    kind: str
+    graph_module: torch.fx.GraphModule
+    streams: StreamAssignment
+    plan: StreamPlan
+    passes: tuple[PassResult, ...]
+    executor: Executor
+    segments: tuple[CompiledSegment, ...] = ()
+
+    @property
+    def fallbacks(self) -> int:
+        """max-autotune segments Inductor could not compile (they run as aten code)."""
+        return sum(1 for s in self.segments if s.node is None)
 
 
 class CompileObserver(PassObserver):
@@ -89,3 +110,72 @@ class Observers(CompileObserver):
     def graph_compiled(self, compiled: CompiledGraph) -> None:
         for o in self.observers:
             o.graph_compiled(compiled)
+
+
+def _fingerprint(gm: torch.fx.GraphModule) -> list[tuple[object, ...]]:
+    """What a compile reads from a graph: each node, its call and arguments, its meta keys and
+    its annotations (streams are read from them)."""
+    return [
+        (n, n.op, n.target, n.args, n.kwargs, tuple(n.meta), dict(stream_annotations(n)))
+        for n in gm.graph.nodes
+    ]
+
+
+class ReadOnly(CompileObserver):
+    """An observer held to looking: after each event that hands it a graph, the graph must be as
+    it was (nodes, arguments, meta keys, annotations), else the compile stops with an error
+    naming the observer and the event. The backend wraps the observers a user gives it."""
+
+    def __init__(self, observer: CompileObserver) -> None:
+        self.observer = observer
+
+    def _check(
+        self, event: str, gm: torch.fx.GraphModule, before: list[tuple[object, ...]]
+    ) -> None:
+        if _fingerprint(gm) != before:
+            raise AirstreamError(
+                f"observer {type(self.observer).__qualname__} changed the graph in {event}: "
+                "observers look and never steer. Copy what you need (gm.graph, node.meta) "
+                "instead of editing it; to change the graph, write a pass "
+                "(config.post_grad_custom_pre_pass / post_grad_custom_post_pass)."
+            )
+
+    def graph_traced(self, gm: torch.fx.GraphModule) -> None:
+        before = _fingerprint(gm)
+        self.observer.graph_traced(gm)
+        self._check("graph_traced", gm, before)
+
+    def started(self, gm: torch.fx.GraphModule, graph_kind: str) -> None:
+        before = _fingerprint(gm)
+        self.observer.started(gm, graph_kind)
+        self._check("started", gm, before)
+
+    def before_pass(self, spec: PassSpec, gm: torch.fx.GraphModule, graph_kind: str) -> None:
+        before = _fingerprint(gm)
+        self.observer.before_pass(spec, gm, graph_kind)
+        self._check("before_pass", gm, before)
+
+    def stage_done(self, stage: str, gm: torch.fx.GraphModule, graph_kind: str) -> None:
+        before = _fingerprint(gm)
+        self.observer.stage_done(stage, gm, graph_kind)
+        self._check("stage_done", gm, before)
+
+    def failed(self, spec: PassSpec, gm: torch.fx.GraphModule, graph_kind: str) -> str | None:
+        return self.observer.failed(spec, gm, graph_kind)
+
+    def plan_built(
+        self,
+        graph_kind: str,
+        gm: torch.fx.GraphModule,
+        streams: StreamAssignment,
+        plan: StreamPlan,
+        code: str,
+    ) -> None:
+        before = _fingerprint(gm)
+        self.observer.plan_built(graph_kind, gm, streams, plan, code)
+        self._check("plan_built", gm, before)
+
+    def graph_compiled(self, compiled: CompiledGraph) -> None:
+        before = _fingerprint(compiled.graph_module)
+        self.observer.graph_compiled(compiled)
+        self._check("graph_compiled", compiled.graph_module, before)

@@ -9,14 +9,19 @@ inside a scope a native index is inner unless the scope was opened inside that b
 on the main stream. ``getitem`` (tuple indexing,
 no kernel) runs on its producer's stream, wherever it sits. ``scope_enter``/``scope_exit`` sit on
 the stream around the scope they open/close, in every model (an annotation never moves them).
-Other scope keys are kept in ``node.meta["air_scope"]``. With ``ge_config.enable_single_stream``
+Other scope keys are reported per node (``scope_attrs``). With ``ge_config.enable_single_stream``
 every node is on main.
+
+The analysis is pure: it reads the graph and returns plain data (warnings about it travel as
+``notes``, emitted by whoever plans the graph). :func:`stream_analysis` keeps the result of the
+graph's current version: the pipeline marks each version (:func:`mark_version`) once a stage has
+finished editing the graph, and takes the mark away (:func:`unmark_version`) before a pass runs;
+a graph without a mark is analysed afresh every time.
 """
 
 from __future__ import annotations
 
 import operator
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -44,7 +49,16 @@ from airstream.ops.native import (
 from airstream.ops.stream import STREAM_ANNOTATION, STREAM_PRIORITY_ANNOTATION
 from airstream.torch_internals import node_value, stream_annotations
 
-__all__ = ["StreamAssignment", "assign_streams"]
+__all__ = [
+    "StreamAssignment",
+    "assign_streams",
+    "mark_version",
+    "stream_analysis",
+    "unmark_version",
+]
+
+_VERSION_KEY = "air_graph_version"  # gm.meta: a token for the graph as it stands
+_ANALYSIS_KEY = "air_stream_analysis"  # gm.meta: (token, single_stream, its StreamAssignment)
 
 _GRAPH_BREAK_HINT = (
     "A graph break inside a stream scope is the usual cause: the graph ends (or starts) inside "
@@ -69,12 +83,15 @@ class StreamAssignment:
         priorities: priority per side-stream label (from the scope or the annotation).
         scope_attrs: per node, the non-stream scope keys in force (e.g. TorchAir's
             ``_super_kernel_scope``), for nodes that have any.
+        notes: what the analysis warns about (a stream given two priorities), for the stage
+            that plans the graph to emit.
     """
 
     stream_of: Mapping[str, str | None]
     streams: tuple[str | None, ...]
     priorities: Mapping[str, int] = field(default_factory=dict)
     scope_attrs: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
 
     def stream(self, node: torch.fx.Node | str) -> str | None:
         """The stream label of ``node`` (a node or its name)."""
@@ -172,9 +189,7 @@ def _check_wait_tensor(node: torch.fx.Node) -> None:
             )
 
 
-def _annotation(
-    node: torch.fx.Node, table: NativeStreams | None
-) -> tuple[str | None, int | None]:
+def _annotation(node: torch.fx.Node, table: NativeStreams | None) -> tuple[str | None, int | None]:
     custom = stream_annotations(node)
     innermost = innermost_annotation(node)
     if innermost is not None and innermost[0] == "native":
@@ -193,10 +208,9 @@ def assign_streams(
     gm: torch.fx.GraphModule, *, single_stream: bool = False, graph_kind: str = "graph"
 ) -> StreamAssignment:
     """Decide every node's stream and check the stream program; raise StreamError if invalid.
-
-    Also records the non-stream scope keys of each node in ``node.meta["air_scope"]``.
-    """
+    Reads the graph only."""
     stack: list[_Scope] = []
+    notes: list[str] = []
     table = native_streams_of(gm)
     stream_of: dict[str, str | None] = {}
     priorities: dict[str, int] = {}
@@ -208,10 +222,9 @@ def assign_streams(
             return
         old = priorities.setdefault(label, priority)
         if old != priority:
-            warnings.warn(
+            notes.append(
                 f"airstream: stream {label!r} is given priority {priority} at {describe(node)} "
-                f"but priority {old} earlier in the {graph_kind} graph; using {old}",
-                stacklevel=2,
+                f"but priority {old} earlier in the {graph_kind} graph; using {old}"
             )
 
     for node in gm.graph.nodes:
@@ -251,7 +264,6 @@ def assign_streams(
         order.setdefault(label, None)
         if attrs:
             scope_attrs[node.name] = attrs
-            node.meta["air_scope"] = dict(attrs)
         if node.target is scope_enter:
             opened = _parse_enter(node)
             opened.native = native
@@ -279,4 +291,31 @@ def assign_streams(
         streams=tuple(order),
         priorities=MappingProxyType(priorities),
         scope_attrs=MappingProxyType({k: MappingProxyType(v) for k, v in scope_attrs.items()}),
+        notes=tuple(notes),
     )
+
+
+def mark_version(gm: torch.fx.GraphModule) -> None:
+    """The graph will not change until :func:`unmark_version`: analyses of it may be kept."""
+    gm.meta[_VERSION_KEY] = object()
+
+
+def unmark_version(gm: torch.fx.GraphModule) -> None:
+    """The graph is about to change (a pass runs): forget what was kept about it."""
+    gm.meta.pop(_VERSION_KEY, None)
+    gm.meta.pop(_ANALYSIS_KEY, None)
+
+
+def stream_analysis(
+    gm: torch.fx.GraphModule, *, single_stream: bool = False, graph_kind: str = "graph"
+) -> StreamAssignment:
+    """:func:`assign_streams`, computed once per marked version of the graph."""
+    token = gm.meta.get(_VERSION_KEY)
+    if token is None:
+        return assign_streams(gm, single_stream=single_stream, graph_kind=graph_kind)
+    kept = gm.meta.get(_ANALYSIS_KEY)
+    if kept is not None and kept[0] is token and kept[1] == single_stream:
+        return kept[2]
+    found = assign_streams(gm, single_stream=single_stream, graph_kind=graph_kind)
+    gm.meta[_ANALYSIS_KEY] = (token, single_stream, found)
+    return found

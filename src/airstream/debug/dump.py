@@ -50,13 +50,14 @@ from typing import Any
 
 import torch.fx
 
+from airstream.cache_dir import cache_root
 from airstream.debug.dot import to_dot
 from airstream.debug.report import format_segments, format_streams
 from airstream.errors import StreamError
 from airstream.observers import CompileObserver
 from airstream.passes.manager import PassSpec
 from airstream.schedule.plan import StreamPlan
-from airstream.streams import StreamAssignment, assign_streams
+from airstream.streams import StreamAssignment, stream_analysis
 
 __all__ = ["DumpObserver", "GraphDumper", "dumper_for", "start_run"]
 
@@ -86,10 +87,7 @@ def _manifest(directory: str) -> str:
     the directory, then each file's name. It lives in airstream's cache
     (``AIRSTREAM_CACHE_DIR``, else ``$XDG_CACHE_HOME/airstream`` or ``~/.cache/airstream``), so
     the dump directory holds only dumps."""
-    root = os.environ.get("AIRSTREAM_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "airstream",
-    )
+    root = str(cache_root())
     key = hashlib.sha1(os.path.realpath(directory).encode()).hexdigest()[:20]
     return os.path.join(root, "dumps", f"{key}.txt")
 
@@ -254,12 +252,12 @@ class GraphDumper:
 
     def _streams(self, gm: torch.fx.GraphModule) -> StreamAssignment | None:
         try:
-            return assign_streams(gm)
+            return stream_analysis(gm)
         except StreamError:
             return None  # an intermediate graph may hold half a scope: dump it plain
 
     def text_for(self, gm: torch.fx.GraphModule, title: str) -> str:
-        """The dump text of ``gm`` now (kept by the pass manager before each pass)."""
+        """The dump text of ``gm`` now (the graph from before a pass that failed)."""
         return self._render(gm, self._streams(gm), None, None, title)
 
     def dump(
@@ -325,14 +323,23 @@ def dumper_for(config: Any) -> GraphDumper | None:
     return None if dump.type is None else GraphDumper(dump.type, dump.path, dump.naming)
 
 
+def _snapshot(gm: torch.fx.GraphModule) -> torch.fx.Graph:
+    """A copy of ``gm``'s graph (nodes and their meta), rendered only if it is asked for."""
+    graph = torch.fx.Graph()
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    return graph
+
+
 class DumpObserver(CompileObserver):
     """Dumps the Dynamo graph, the graph as the pipeline receives it and after each stage, the
     final graph with its plan and code, and the plan's summary; on a failure, the graph from
-    before the failing pass (rendered before each pass, since the pass edits in place)."""
+    before the failing pass (a copy taken before each pass, since the pass edits in place, and
+    rendered only when that pass fails)."""
 
     def __init__(self, dumper: GraphDumper) -> None:
         self.dumper = dumper
-        self._before: dict[str, str] = {}
+        self._before: dict[str, tuple[torch.fx.GraphModule, torch.fx.Graph, str]] = {}
 
     def graph_traced(self, gm: torch.fx.GraphModule) -> None:
         self.dumper.dump("dynamo", "", gm)
@@ -341,19 +348,21 @@ class DumpObserver(CompileObserver):
         self.dumper.dump(graph_kind, "after_aot", gm)
 
     def before_pass(self, spec: PassSpec, gm: torch.fx.GraphModule, graph_kind: str) -> None:
-        self._before[graph_kind] = self.dumper.text_for(
-            gm, f"{graph_kind} before pass {spec.name} ({spec.stage})"
-        )
+        title = f"{graph_kind} before pass {spec.name} ({spec.stage})"
+        self._before[graph_kind] = (gm, _snapshot(gm), title)
 
     def stage_done(self, stage: str, gm: torch.fx.GraphModule, graph_kind: str) -> None:
         self.dumper.dump(graph_kind, f"after_{stage}", gm)
 
     def failed(self, spec: PassSpec, gm: torch.fx.GraphModule, graph_kind: str) -> str | None:
-        text = self._before.get(graph_kind)
-        if text is None:
+        kept = self._before.get(graph_kind)
+        if kept is None:
             return None
+        owner, graph, title = kept
+        before = torch.fx.GraphModule(owner, graph)
+        text = self.dumper.text_for(before, title)
         name = spec.name.rsplit(".", 1)[-1]
-        return self.dumper.dump(graph_kind, f"before_{name}", gm, text=text)
+        return self.dumper.dump(graph_kind, f"before_{name}", before, text=text)
 
     def plan_built(
         self,

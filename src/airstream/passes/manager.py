@@ -4,8 +4,10 @@ final built-ins (in-place rewriting, on the graph with its final streams).
 Every pass is called as ``fn(gm, example_inputs, config)`` and edits ``gm.graph`` in place; its
 return value is ignored (a custom pass returning anything but None gets a warning at its source
 line). Around each pass the manager (not the pass) does the bookkeeping: it
-times it, tags the nodes it added (``meta["air_inserted_by"]``), refills ``meta["val"]`` for them,
-lints and recompiles, and with ``debug.verify_passes`` also re-checks every node's metadata.
+times it, tags the nodes it added (``meta["air_inserted_by"]``), refills ``meta["val"]`` for them
+and lints, and with ``debug.verify_passes`` also re-checks every node's metadata. It does not
+recompile the module after each pass: the executor generates the code of the final graph, and the
+dumps print the graph itself; a pass that calls ``gm(...)`` recompiles first (``gm.recompile()``).
 Built-ins are also checked never to remove, merge or move an air op. Any failure becomes a
 :class:`~airstream.errors.PassError` naming the pass, its stage and the graph kind.
 """
@@ -25,12 +27,14 @@ import torch.fx
 from airstream.config import CompilerConfig
 from airstream.effects import effects
 from airstream.errors import PassError, StreamError
-from airstream.ops.library import adopt_air_aliases
+from airstream.nodes import describe
+from airstream.ops.library import adopt_air_aliases, record, wait, wait_tensor
 from airstream.options import callable_source
 from airstream.passes.builtin import BUILTIN_PASSES, FINAL_PASSES
 from airstream.passes.builtin.reinplace import StreamLabels
 from airstream.passes.meta import check_meta, fill_meta
 from airstream.passes.regions import air_layout
+from airstream.streams import mark_version, unmark_version
 
 __all__ = ["PassManager", "PassObserver", "PassResult", "PassSpec", "STAGES", "pass_name"]
 
@@ -155,6 +159,8 @@ class PassManager:
     def _run_one(
         self, spec: PassSpec, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str
     ) -> PassResult:
+        if spec.stage != FINAL:  # the pass may change anything: nothing kept about it holds
+            unmark_version(gm)  # (the final built-ins read the stream analysis before editing)
         before_nodes = set(gm.graph.nodes)
         layout = air_layout(gm.graph) if spec.stage in (BUILTIN, FINAL) else None
         collectives = _collective_order(gm.graph)
@@ -164,6 +170,7 @@ class PassManager:
         except Exception as exc:
             raise self._error(spec, kind, f"raised {type(exc).__name__}: {exc}", gm) from exc
         seconds = time.perf_counter() - start
+        unmark_version(gm)
         if returned is not None and spec.stage in (PRE, POST):
             _warn_returned(spec, gm, returned)
         if spec.stage in (PRE, POST):
@@ -171,10 +178,12 @@ class PassManager:
         for node in gm.graph.nodes:
             if node not in before_nodes:
                 node.meta.setdefault("air_inserted_by", spec.name)
+        early = _wait_before_record(gm.graph)
+        if early is not None:
+            raise self._error(spec, kind, early, gm)
         try:
             gm.graph.lint()  # O(nodes); blames a malformed graph on the pass that made it
             fill_meta(gm, example_inputs)
-            gm.recompile()
         except Exception as exc:
             raise self._error(
                 spec,
@@ -195,6 +204,7 @@ class PassManager:
                 raise self._error(
                     spec, kind, f"left the graph invalid: {type(exc).__name__}: {exc}", gm
                 ) from exc
+        mark_version(gm)
         result = PassResult(
             spec.name, spec.stage, kind, seconds, len(before_nodes), len(gm.graph.nodes)
         )
@@ -222,6 +232,26 @@ def _warn_returned(spec: PassSpec, gm: torch.fx.GraphModule, returned: Any) -> N
     )
     filename, lineno = callable_source(spec.fn) or ("<unknown pass>", 0)
     warnings.warn_explicit(message, UserWarning, filename, lineno, registry=_warned)
+
+
+def _wait_before_record(graph: torch.fx.Graph) -> str | None:
+    """What is wrong when a wait (``air.wait``, ``air.wait_tensor``) sits before a record or
+    value it waits for; None when every wait comes after what it waits for. FX's lint would say
+    only that a node is used before it is defined."""
+    seen: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target in (wait, wait_tensor):
+            for arg in node.all_input_nodes:
+                if arg not in seen and arg.graph is graph:
+                    what = "the record" if arg.target is record else "the value"
+                    return (
+                        f"{describe(node)} waits for {what} {describe(arg)}, which comes after "
+                        "it in the graph: a wait must follow what it waits for. Insert the wait "
+                        f"after it (with gm.graph.inserting_after({arg.name})), or move the "
+                        "record earlier."
+                    )
+        seen.add(node)
+    return None
 
 
 def _collective_order(graph: torch.fx.Graph) -> list[str]:

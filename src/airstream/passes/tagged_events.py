@@ -56,5 +56,4 @@ def lower_tagged_events(gm: torch.fx.GraphModule) -> int:
             graph.erase_node(node)
     if paired or tokens:
         log.debug("tagged events: %d wait(s) paired with %d record(s)", paired, len(tokens))
-        gm.recompile()
     return paired

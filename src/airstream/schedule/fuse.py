@@ -38,9 +38,10 @@ import torch.fx
 from airstream import torch_internals
 from airstream.effects import EFFECTS_KEY, summarize
 from airstream.errors import PassError, TorchSupportError
+from airstream.fused import CompiledSegment, Segment
 from airstream.nodes import SEGMENT_KEY
 from airstream.schedule.plan import StreamPlan
-from airstream.schedule.segments import Segment, find_segments
+from airstream.schedule.segments import find_segments
 
 __all__ = [
     "CompiledSegment",
@@ -54,38 +55,6 @@ __all__ = [
 log = logging.getLogger("airstream")
 
 STAGE = "max-autotune"
-
-
-@dataclass(frozen=True)
-class CompiledSegment:
-    """What became of one segment.
-
-    Attributes:
-        segment: the segment (stream, node names).
-        node: the fused node's name in the rewritten graph; None if the segment fell back.
-        kernels: the kernels Inductor generated or called (``cpp_fused_*``, ``triton_*``,
-            ``extern:mm``, ...), in order of appearance in its code.
-        compile_s: seconds spent compiling it (0 for a segment sharing an earlier compile).
-        cache: ``miss`` (compiled now), ``hit`` (Inductor's FX graph cache), ``shared`` (same code
-            as an earlier segment of this graph), ``fallback``, or ``unknown`` (compiled; this
-            torch does not say whether its cache hit).
-        fallback: Inductor's error when the segment runs as aten code, else ``""``.
-    """
-
-    segment: Segment
-    node: str | None
-    kernels: tuple[str, ...]
-    compile_s: float
-    cache: str
-    fallback: str = ""
-
-    def describe(self) -> str:
-        """One line: the segment, what it fused, its kernels."""
-        fused = ", ".join(self.segment.nodes)
-        if self.node is None:
-            return f"{self.segment.name} (aten fallback: {self.fallback}) [{fused}]"
-        kernels = ", ".join(self.kernels) or "no kernels"
-        return f"{self.segment.name}: {kernels} [fused {fused}]"
 
 
 _KERNEL = re.compile(
@@ -351,7 +320,6 @@ def compile_segments(
         fused.meta[SEGMENT_KEY] = result
         results.append(result)
     gm.graph.lint()
-    gm.recompile()
     return results
 
 

@@ -214,8 +214,11 @@ class _Lowerer:
                 streams = assign_streams(self.gm, graph_kind=self.kind)
             handler = getattr(self, f"_{name}", None)
             if handler is None:
-                self._warn(op, "airstream does not support this stream method in compiled code; "
-                           "it is left out (use Event.record/wait and Stream.wait_stream)")
+                self._warn(
+                    op,
+                    "airstream does not support this stream method in compiled code; "
+                    "it is left out (use Event.record/wait and Stream.wait_stream)",
+                )
             else:
                 handler(op, context, streams)
             self.report.ops[name] = self.report.ops.get(name, 0) + 1
@@ -385,7 +388,6 @@ def lower_native_streams(
         lowering.lower(ops, _contexts(gm))
     drop_dead_objects(gm)
     gm.graph.lint()
-    gm.recompile()
     if lowering.report.changed:
         log.debug("native streams (%s graph): %s", graph_kind, lowering.report)
     return lowering.report

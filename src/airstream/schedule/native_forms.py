@@ -114,5 +114,3 @@ def drop_dead_objects(gm: torch.fx.GraphModule) -> None:
     for node in reversed(list(gm.graph.nodes)):
         if not node.users and torch_internals.is_external_object(node):
             gm.graph.erase_node(node)
-
-

@@ -59,8 +59,14 @@ def _main_index(device: torch.device) -> int:
     return torch_internals.register_current_stream(device)
 
 
-def _insert(graph: torch.fx.Graph, where: torch.fx.Node, after: bool, op: str, args: tuple,
-            index: int | None) -> torch.fx.Node:
+def _insert(
+    graph: torch.fx.Graph,
+    where: torch.fx.Node,
+    after: bool,
+    op: str,
+    args: tuple,
+    index: int | None,
+) -> torch.fx.Node:
     with graph.inserting_after(where) if after else graph.inserting_before(where):
         node = graph.call_function(torch_internals.streams_op(op), args)
     if index is not None:

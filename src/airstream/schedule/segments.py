@@ -10,38 +10,18 @@ needs a value before it ends: fusing it into one step never crosses a stream or 
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 import torch.fx
 
 from airstream.effects import fusible
+from airstream.fused import Segment
 from airstream.schedule.plan import Run, StreamPlan, StreamSteps
 
 __all__ = ["Segment", "find_segments"]
 
 Label = str | None
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One fusible run of a stream's program: ``name``, its ``stream``, the names of its nodes in
-    program order (``nodes``, kept for reports after the nodes are fused away) and the nodes
-    themselves (``members``)."""
-
-    name: str
-    stream: Label
-    nodes: tuple[str, ...]
-    members: tuple[torch.fx.Node, ...] = field(default=(), compare=False, repr=False)
-
-    @property
-    def ops(self) -> int:
-        """Operators in the segment (tuple indexing not counted)."""
-        if not self.members:
-            return len(self.nodes)
-        return sum(1 for node in self.members if node.target is not operator.getitem)
 
 
 def _label_name(label: Label) -> str:

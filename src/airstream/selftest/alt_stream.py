@@ -76,7 +76,8 @@ def use_alt_stream(model: torch.nn.Module, alt_stream: torch.Stream | None) -> i
     found = [
         (name, module)
         for name, module in model.named_modules()
-        if hasattr(module, "experts") and hasattr(module, "gate")
+        if hasattr(module, "experts")
+        and hasattr(module, "gate")
         and (hasattr(module, "shared_expert") or hasattr(module, "shared_experts"))
     ]
     for name, module in found:

@@ -53,6 +53,7 @@ from airstream.calibration import MachineCosts, machine_costs
 from airstream.effects import effects
 from airstream.ops.library import is_air_op
 from airstream.passes.auto.cost import CostModel, flops_cost, profile_cost
+from airstream.passes.auto.pricing import Pricer
 from airstream.passes.auto.roles import find_roles, place_roles
 from airstream.passes.auto.simulate import makespan, schedule
 from airstream.passes.toolkit import place_on_stream
@@ -164,7 +165,10 @@ def auto_streams(
                 where[node] = where.get(producer, 0) if producer is not None else 0
         used = sorted({s for s in where.values()})
         runs = sorted(calls, key=lambda n: start[n]) if movable else calls
-        listed = makespan(runs, cost, where, figures) if len(used) > 1 else single
+        if len(used) > 1:
+            listed = makespan(runs, cost, where, figures, Pricer(gm).waits(where))
+        else:
+            listed = single
         listed += figures.side_stream_seconds * (len(used) - 1)
         if placed.placed and placed.predicted <= listed:
             gain = single / max(placed.predicted, 1e-12)

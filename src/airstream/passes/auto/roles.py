@@ -4,7 +4,8 @@ Roles come from ``patterns.py``: each shared expert (beside its routing) and eac
 parallel projections (one of its branches beside the others). They are taken in graph order; a
 role whose matrix multiplies see more than ``max_tokens`` rows is declined (side streams pay in
 decode, not in long prefills), and one is placed when it shortens the predicted time of the
-whole graph (``simulate.makespan``, with the machine's sync cost and overlap slowdown): for a
+whole graph (``simulate.makespan``, with the syncs the planner would add, the machine's sync
+cost and overlap slowdown): for a
 projection group, the branch that shortens it most. Each role is one stream reused by every
 layer: ``auto_shared`` and ``auto_proj``, or one ``auto_side`` for both when ``max_streams`` is 2.
 """
@@ -18,6 +19,7 @@ import torch.fx
 
 from airstream.calibration import MachineCosts
 from airstream.passes.auto.patterns import parallel_projections, shared_experts
+from airstream.passes.auto.pricing import Pricer
 from airstream.passes.auto.simulate import makespan
 
 __all__ = ["Placement", "Role", "find_roles", "place_roles"]
@@ -100,7 +102,14 @@ def place_roles(
     for role in roles:
         out.found[role.kind] = out.found.get(role.kind, 0) + 1
     where: dict[Node, int] = {}
-    current = makespan(calls, cost, where, costs)
+    owner = calls[0].graph.owning_module if calls else None
+    pricer = Pricer(owner) if isinstance(owner, torch.fx.GraphModule) else None
+
+    def predict(placed: dict[Node, int]) -> float:
+        waits = pricer.waits(placed) if pricer is not None else None
+        return makespan(calls, cost, placed, costs, waits)
+
+    current = predict(where)
     for role in roles:
         if role.tokens > max_tokens:
             out.too_many_tokens.setdefault(role.kind, []).append(role.tokens)
@@ -108,7 +117,7 @@ def place_roles(
         best: tuple[float, dict[Node, int]] | None = None
         for option in role.options:
             trial = {**where, **dict.fromkeys(option, index[role.kind])}
-            predicted = makespan(calls, cost, trial, costs)
+            predicted = predict(trial)
             if best is None or predicted < best[0]:
                 best = (predicted, trial)
         if best is not None and best[0] < current * (1 - 1e-6):

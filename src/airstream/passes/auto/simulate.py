@@ -1,16 +1,22 @@
 """Predicted time of a graph on streams: list scheduling and the simulation of a fixed plan.
 
-Both use one machine's figures (:class:`airstream.calibration.MachineCosts`): an input from
-another stream costs ``sync_seconds``, and each node takes longer for the part of it that runs
-while another stream works beside it, by the measured slowdowns of matrix multiplies and host work
-(dispatch, small ops) beside each other. The side streams' fixed per-call cost is added
-by the caller, once per stream used.
+Both use one machine's figures (:class:`airstream.calibration.MachineCosts`): a sync costs
+``sync_seconds``, and each node takes longer for the part of it that runs while another stream
+works beside it, by the measured slowdowns of matrix multiplies and host work (dispatch, small
+ops) beside each other. The side streams' fixed per-call cost is added by the caller, once per
+stream used.
+
+Which syncs a placement needs is the planner's answer (``pricing.Pricer``: data, mutation, RNG
+and collective order, less the waits earlier waits imply), given to :func:`makespan` as
+``waits``. The list scheduler, which tries every stream for every node, charges a sync for each
+input from another stream instead, as an estimate; its result is then priced by the planner.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+import heapq
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.fx
@@ -43,32 +49,42 @@ def _rank_order(nodes: Sequence[Node], cost: dict[Node, float]) -> list[Node]:
     index = {n: i for i, n in enumerate(nodes)}
     rank = _upward_rank(nodes, cost)
     waiting = {n: sum(1 for a in n.all_input_nodes if a in members) for n in nodes}
-    ready = [n for n in nodes if waiting[n] == 0]
+    ready = [(-rank[n], index[n]) for n in nodes if waiting[n] == 0]
+    heapq.heapify(ready)
     order: list[Node] = []
     while ready:
-        ready.sort(key=lambda n: (-rank[n], index[n]))
-        node = ready.pop(0)
+        node = nodes[heapq.heappop(ready)[1]]
         order.append(node)
         for user in node.users:
             if user in members:
                 waiting[user] -= 1
                 if waiting[user] == 0:
-                    ready.append(user)
+                    heapq.heappush(ready, (-rank[user], index[user]))
     return order
 
 
 def _times(
-    order: Sequence[Node], cost: dict[Node, float], where: dict[Node, int], sync: float
+    order: Sequence[Node],
+    cost: dict[Node, float],
+    where: dict[Node, int],
+    sync: float,
+    waits: Mapping[Node, Sequence[Node]] | None = None,
 ) -> dict[Node, tuple[float, float]]:
-    """Start and finish of each node, each stream running its nodes in ``order``."""
+    """Start and finish of each node, each stream running its nodes in ``order``: after the
+    nodes ``waits`` names (each a sync), else after every input from another stream."""
     free: dict[int, float] = {}
     times: dict[Node, tuple[float, float]] = {}
     for node in order:
         s = where.get(node, 0)
         ready = free.get(s, 0.0)
-        for arg in node.all_input_nodes:
-            if arg in times:
-                ready = max(ready, times[arg][1] + (sync if where.get(arg, 0) != s else 0.0))
+        if waits is not None:
+            for producer in waits.get(node, ()):
+                if producer in times:
+                    ready = max(ready, times[producer][1] + sync)
+        else:
+            for arg in node.all_input_nodes:
+                if arg in times:
+                    ready = max(ready, times[arg][1] + (sync if where.get(arg, 0) != s else 0.0))
         times[node] = (ready, ready + cost[node])
         free[s] = ready + cost[node]
     return times
@@ -137,15 +153,21 @@ def _slowed(
 
 
 def makespan(
-    order: Sequence[Node], cost: dict[Node, float], where: dict[Node, int], costs: MachineCosts
+    order: Sequence[Node],
+    cost: dict[Node, float],
+    where: dict[Node, int],
+    costs: MachineCosts,
+    waits: Mapping[Node, Sequence[Node]] | None = None,
 ) -> float:
     """Predicted time of ``order`` with a fixed assignment (node -> stream; missing: main), each
-    stream running its nodes in ``order``."""
-    times = _times(order, cost, where, costs.sync_seconds)
+    stream running its nodes in ``order``; ``waits``: the syncs the planner adds for it
+    (``pricing.Pricer.waits``; None: one per input from another stream)."""
+    sync = costs.sync_seconds
+    times = _times(order, cost, where, sync, waits)
     slowdowns = (costs.overlap_slowdown, costs.mixed_slowdown, costs.host_slowdown)
     if max(slowdowns) > 1.0 and len({where.get(n, 0) for n in order}) > 1:
         for _ in range(2):  # the stretched plan overlaps differently: settle once more
-            times = _times(order, _slowed(cost, where, times, costs), where, costs.sync_seconds)
+            times = _times(order, _slowed(cost, where, times, costs), where, sync, waits)
     return max((t[1] for t in times.values()), default=0.0)
 
 

@@ -56,22 +56,54 @@ aten = torch.ops.aten
 
 
 class _Facts:
-    """Graph order, storage classes (and their members) and every node's stream."""
+    """Graph order, storage classes (and their members) and every node's stream: worked out once
+    per pass and kept up to date through each rewrite (:meth:`swap`, :meth:`erased`), not
+    rebuilt."""
 
     def __init__(self, gm: torch.fx.GraphModule, streams: StreamLabels | None) -> None:
+        self.labels: dict[str, str | None] = dict(streams(gm)) if streams is not None else {}
+        self.refresh(gm)
+
+    def refresh(self, gm: torch.fx.GraphModule) -> None:
+        """Order, storage classes and outputs from the graph (the stream labels are kept)."""
         graph = gm.graph
         self.order = {node: i for i, node in enumerate(graph.nodes)}
         self.classes = alias_classes(graph)
         self.members: dict[torch.fx.Node, list[torch.fx.Node]] = defaultdict(list)
         for node, root in self.classes.items():
             self.members[root].append(node)
-        self.labels: Mapping[str, str | None] = streams(gm) if streams is not None else {}
         output = graph.output_node()
         values = output.args[0] if isinstance(output.args[0], list | tuple) else (output.args[0],)
         backward = any(p.name.startswith("tangents") for p in graph.find_nodes(op="placeholder"))
         rebuilt = frozenset() if backward else outputs_rebuilt_from_inputs(len(values))
         # outputs the caller receives as they are (not rebuilt from an input at run time)
         self.owned = {v for i, v in enumerate(values) if i not in rebuilt}
+
+    def swap(self, old: torch.fx.Node, new: torch.fx.Node, written: torch.fx.Node) -> None:
+        """``new`` now stands where ``old`` stood, on its stream, writing ``written`` in place
+        and returning it: ``old``'s storage (its views) becomes ``written``'s."""
+        self.order[new] = self.order.pop(old)
+        self.labels[new.name] = self.labels.get(old.name)
+        into = self.classes[written]
+        moved = self.members.pop(self.classes[old]) if self.classes[old] is not into else []
+        for member in moved:
+            self.classes[member] = into
+        self.members[into] += [m for m in moved if m is not old] + [new]
+        self.members[into] = [m for m in self.members[into] if m is not old]
+        self.classes[new] = into
+        del self.classes[old]
+        if old in self.owned:
+            self.owned.discard(old)
+            self.owned.add(new)
+
+    def erased(self, node: torch.fx.Node, replacement: torch.fx.Node) -> None:
+        """``node`` (a write-back whose users now use ``replacement``) left the graph."""
+        self.order.pop(node, None)
+        root = self.classes.pop(node)
+        self.members[root] = [m for m in self.members[root] if m is not node]
+        if node in self.owned:
+            self.owned.discard(node)
+            self.owned.add(replacement)
 
     def stream(self, node: torch.fx.Node) -> str | None:
         return self.labels.get(node.name)
@@ -185,7 +217,7 @@ def _reinplace_temporary(gm: torch.fx.GraphModule, node: torch.fx.Node, facts: _
         return False
     target = inplace_variant(node.target)
     assert target is not None
-    _in_place(gm, node, target, tuple(node.args))
+    facts.swap(node, _in_place(gm, node, target, tuple(node.args)), first)
     return True
 
 
@@ -211,8 +243,7 @@ def reinplace_inplaceable_ops(
     if facts is None:
         return
     for node in list(gm.graph.nodes):
-        if _reinplace_temporary(gm, node, facts):
-            facts = _Facts(gm, streams)
+        _reinplace_temporary(gm, node, facts)
 
 
 def _write_back(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node] | None:
@@ -244,8 +275,10 @@ def _fold_into_op(
     target = inplace_variant(src.target)
     assert target is not None
     new = _in_place(gm, src, target, tuple(src.args))
+    facts.swap(src, new, dst)
     copy.replace_all_uses_with(new)
     gm.graph.erase_node(copy)
+    facts.erased(copy, new)
     return True
 
 
@@ -293,6 +326,7 @@ def _fold_into_call(gm: torch.fx.GraphModule, node: torch.fx.Node, facts: _Facts
             "call_function", call.op, (), dict(call.kwargs), name=_name(call.op)
         )
     direct.meta.update({k: v for k, v in node.meta.items() if k != "val"})
+    facts.labels[direct.name] = facts.stream(node)
     for index, result in results.items():
         if index < call.returns:
             if call.returns == 1:
@@ -301,6 +335,7 @@ def _fold_into_call(gm: torch.fx.GraphModule, node: torch.fx.Node, facts: _Facts
                 with gm.graph.inserting_before(result):
                     item = gm.graph.call_function(operator.getitem, (direct, index))
                 item.meta.update({k: v for k, v in result.meta.items() if k != "val"})
+                facts.labels[item.name] = facts.stream(node)
                 result.replace_all_uses_with(item)
         else:
             base = call.bases[index - call.returns]
@@ -329,7 +364,7 @@ def reinplace_input_mutations(
         return
     for node in list(gm.graph.nodes):  # custom ops, in graph order (chains fold one by one)
         if torch_internals.functionalized_call(node) and _fold_into_call(gm, node, facts):
-            facts = _Facts(gm, streams)
+            facts.refresh(gm)  # a call's results regrouped: rare enough to redo the classes
     for copy in list(gm.graph.nodes):  # then each remaining write-back
         if copy not in facts.order:  # erased by an earlier rewrite
             continue
@@ -337,5 +372,5 @@ def reinplace_input_mutations(
         if found is None:
             continue
         dst, src = found
-        if _fold_into_op(gm, copy, dst, src, facts) or _reinplace_temporary(gm, src, facts):
-            facts = _Facts(gm, streams)
+        if not _fold_into_op(gm, copy, dst, src, facts):
+            _reinplace_temporary(gm, src, facts)

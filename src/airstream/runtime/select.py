@@ -1,0 +1,66 @@
+"""Which executor runs a planned graph: the one decision that depends on the device, the mode and
+the debug options."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from airstream import torch_internals
+from airstream.config import CompilerConfig
+from airstream.openmp import openmp
+from airstream.ops.native import native_streams_of
+from airstream.runtime.codegen import Executor
+from airstream.runtime.cpu import CpuExecutor
+from airstream.runtime.cuda import CudaExecutor
+from airstream.runtime.cuda_graphs import CudaGraphExecutor
+from airstream.runtime.data_dump import DataDumpExecutor
+from airstream.runtime.native import NativeObjects
+from airstream.runtime.serial import SerialExecutor
+from airstream.schedule.plan import StreamPlan
+
+__all__ = ["choose_executor", "cuda_device"]
+
+
+def cuda_device(gm: torch.fx.GraphModule) -> torch.device | None:
+    """The CUDA device the graph computes on, if any of its values live on one."""
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.device.type == "cuda":
+            return val.device
+    return None
+
+
+def choose_executor(
+    gm: torch.fx.GraphModule, plan: StreamPlan, kind: str, config: CompilerConfig
+) -> Executor:
+    """Node by node for data_dump; serial for run_eagerly; CUDA streams (and graphs) on CUDA;
+    threads on CPU. A CPU graph with nothing off the main stream runs serially: no thread to
+    hand off to."""
+    dump = config.debug.data_dump
+    if dump.type is not None:
+        return DataDumpExecutor(gm, dump.path, dump.filter)
+    if config.debug.run_eagerly:
+        return SerialExecutor(gm, plan)
+    device = cuda_device(gm)
+    if device is not None:
+        table = native_streams_of(gm)
+        native = None if table is None else NativeObjects(table, at_run_time=kind != "backward")
+        executor = CudaExecutor(gm, plan, device, native=native)
+        if config.mode == "reduce-overhead":
+            # Parameters and buffers are the same tensors every call: captured by address.
+            torch_internals.require("cuda-graphs")
+            static = torch_internals.static_input_indices() if kind != "backward" else None
+            return CudaGraphExecutor(executor, gm, static or ())
+        return executor
+    if not any(s.runs for s in plan.side_streams):
+        return SerialExecutor(gm, plan)
+    streams = config.stream_config
+    return CpuExecutor(
+        gm,
+        plan,
+        streams.threads_per_stream,
+        # released only where they spin long: after a short spin, the release costs more
+        release_openmp_threads=streams.release_openmp_threads and openmp().spins_long,
+        openmp_team=streams.openmp_team,
+    )
