@@ -372,34 +372,27 @@ def alias_classes(graph: torch.fx.Graph) -> dict[torch.fx.Node, torch.fx.Node]:
 
 def inplace_variant(target: Any) -> OpOverload | None:
     """The in-place form of an out-of-place op (``aten.add.Tensor`` -> ``aten.add_.Tensor``):
-    same namespace, name + ``_``, same overload, writing its first argument and returning it, and
-    taking the same arguments after it. None when there is none, or for random ops."""
+    same namespace, name + ``_``, same overload, writing its first argument (only) and returning
+    it, and taking the same arguments after it. None when there is none, or for random ops."""
     if not isinstance(target, OpOverload) or target.namespace != "aten":
         return None
-    schema = op_schema(target)
-    if schema is None or not schema.arguments or _writes_any(schema):
-        return None
-    if torch.Tag.nondeterministic_seeded in target.tags:
+    return _inplace_variant(target)
+
+
+@functools.cache
+def _inplace_variant(target: OpOverload) -> OpOverload | None:
+    rule, schema = _rule(target), op_schema(target)
+    if schema is None or not schema.arguments or rule.writes or rule.random:
         return None
     _, name, overload = op_name(target)
     packet = getattr(torch.ops.aten, f"{name}_", None)
     candidate = getattr(packet, overload, None) if packet is not None else None
-    if not isinstance(candidate, OpOverload):
-        return None
-    inplace = op_schema(candidate)
+    inplace = op_schema(candidate) if isinstance(candidate, OpOverload) else None
     if inplace is None or len(inplace.arguments) != len(schema.arguments):
         return None
-    first = inplace.arguments[0].alias_info
-    if first is None or not first.is_write or len(inplace.returns) != 1:
+    if [i for i, _ in _rule(candidate).writes] != [0] or len(inplace.returns) != 1:
         return None
     for a, b in zip(schema.arguments[1:], inplace.arguments[1:], strict=True):
         if a.name != b.name or str(a.type) != str(b.type) or a.kwarg_only != b.kwarg_only:
             return None
-        if b.alias_info is not None and b.alias_info.is_write:
-            return None
     return candidate
-
-
-def _writes_any(schema: torch.FunctionSchema) -> bool:
-    """Does the schema write any argument?"""
-    return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)

@@ -23,7 +23,16 @@ from airstream.ops.library import record, wait
 from airstream.schedule.deps import Requirement, requirements
 from airstream.streams import StreamAssignment
 
-__all__ = ["Record", "Run", "StreamPlan", "StreamSteps", "Sync", "Wait", "build_plan"]
+__all__ = [
+    "Record",
+    "Run",
+    "StreamPlan",
+    "StreamSteps",
+    "Sync",
+    "Wait",
+    "build_plan",
+    "planned_syncs",
+]
 
 Label = str | None
 
@@ -218,7 +227,11 @@ class _Planner:
             self._sync(stream, consumer, target, reason)
 
     def plan(self) -> StreamPlan:
-        reqs = requirements(self.graph)
+        self.walk(requirements(self.graph))
+        return self._freeze()
+
+    def walk(self, reqs: Mapping[torch.fx.Node, list[Requirement]]) -> None:
+        """Place every node and the waits it needs, in graph order."""
         stream_of = self.assignment.stream_of
         last_run: dict[Label, int] = {}
         for node in self.graph.nodes:
@@ -246,7 +259,6 @@ class _Planner:
             self.snapshots[(stream, index)] = dict(self.clock[stream])
             self.position[node] = (stream, index)
             last_run[stream] = index
-        return self._freeze()
 
     def _join(self, output: torch.fx.Node) -> None:
         data = [Requirement(n, "data") for n in output.all_input_nodes]
@@ -281,3 +293,16 @@ class _Planner:
 def build_plan(gm: torch.fx.GraphModule, assignment: StreamAssignment) -> StreamPlan:
     """Plan ``gm`` (an optimized graph) on the streams of ``assignment``."""
     return _Planner(gm.graph, assignment).plan()
+
+
+def planned_syncs(
+    gm: torch.fx.GraphModule,
+    assignment: StreamAssignment,
+    reqs: Mapping[torch.fx.Node, list[Requirement]] | None = None,
+) -> tuple[Sync, ...]:
+    """The syncs :func:`build_plan` adds for ``assignment``, without the streams' programs (what
+    a placement costs). ``reqs``: ``requirements(gm.graph)``, when already worked out (they do not
+    depend on the streams)."""
+    planner = _Planner(gm.graph, assignment)
+    planner.walk(requirements(gm.graph) if reqs is None else reqs)
+    return tuple(planner.syncs)

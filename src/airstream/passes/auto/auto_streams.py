@@ -153,7 +153,8 @@ def auto_streams(
         cost = {n: (0.0 if _pinned(n) else model(n, figures)) for n in calls}
         single = sum(cost.values())
         roles = find_roles(calls) if max_streams > 1 else []
-        placed = place_roles(calls, cost, roles, figures, max_streams, max_tokens)
+        pricer = Pricer(gm)
+        placed = place_roles(calls, cost, roles, figures, max_streams, max_tokens, pricer)
         declined = placed.declined(max_tokens)
         # The list schedule, for comparison: reordering is safe unless order itself carries
         # meaning (mutation and RNG order).
@@ -166,7 +167,7 @@ def auto_streams(
         used = sorted({s for s in where.values()})
         runs = sorted(calls, key=lambda n: start[n]) if movable else calls
         if len(used) > 1:
-            listed = makespan(runs, cost, where, figures, Pricer(gm).waits(where))
+            listed = makespan(runs, cost, where, figures, pricer.waits(where))
         else:
             listed = single
         listed += figures.side_stream_seconds * (len(used) - 1)

@@ -16,7 +16,8 @@ from types import MappingProxyType
 
 import torch.fx
 
-from airstream.schedule.plan import build_plan
+from airstream.schedule.deps import Requirement, requirements
+from airstream.schedule.plan import planned_syncs
 from airstream.streams import StreamAssignment, assign_streams
 
 __all__ = ["Pricer"]
@@ -25,16 +26,22 @@ Node = torch.fx.Node
 
 
 class Pricer:
-    """Prices placements on one graph (its current streams are read once)."""
+    """Prices placements on one graph: its current streams and its ordering requirements (which
+    do not depend on the streams) are worked out once, the planner's walk once per placement."""
 
     def __init__(self, gm: torch.fx.GraphModule) -> None:
         self.gm = gm
         self.base = assign_streams(gm)
+        self._reqs: dict[Node, list[Requirement]] | None = None
 
     def waits(self, where: Mapping[Node, int]) -> dict[Node, tuple[Node, ...]]:
         """For each node, the nodes on other streams its stream waits for first, with the nodes
         of ``where`` on its streams (0: main, k: side stream k) and the others where they are.
         Tuple indexing runs with its producer, as in the stream analysis."""
+        if not any(where.values()) and not self.base.side_streams:
+            return {}  # one stream: nothing to wait for
+        if self._reqs is None:
+            self._reqs = requirements(self.gm.graph)
         stream_of = dict(self.base.stream_of)
         for node, stream in where.items():
             stream_of[node.name] = None if stream == 0 else f"__priced_{stream}"
@@ -46,6 +53,6 @@ class Pricer:
         streams = tuple(dict.fromkeys([None, *self.base.streams, *stream_of.values()]))
         assignment = StreamAssignment(stream_of=MappingProxyType(stream_of), streams=streams)
         found: dict[Node, list[Node]] = defaultdict(list)
-        for sync in build_plan(self.gm, assignment).syncs:
+        for sync in planned_syncs(self.gm, assignment, self._reqs):
             found[sync.consumer].append(sync.producer)
         return {node: tuple(producers) for node, producers in found.items()}

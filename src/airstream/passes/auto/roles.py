@@ -93,8 +93,10 @@ def place_roles(
     costs: MachineCosts,
     max_streams: int,
     max_tokens: int,
+    pricer: Pricer | None = None,
 ) -> Placement:
-    """The roles worth placing, greedily in graph order (see the module docstring)."""
+    """The roles worth placing, greedily in graph order (see the module docstring); ``pricer``
+    prices each placement's syncs (None: one per input from another stream)."""
     kinds = list(dict.fromkeys(r.kind for r in roles))
     separate = max_streams - 1 >= len(kinds)
     index = {kind: (i + 1 if separate else 1) for i, kind in enumerate(kinds)}
@@ -102,9 +104,6 @@ def place_roles(
     for role in roles:
         out.found[role.kind] = out.found.get(role.kind, 0) + 1
     where: dict[Node, int] = {}
-    owner = calls[0].graph.owning_module if calls else None
-    pricer = Pricer(owner) if isinstance(owner, torch.fx.GraphModule) else None
-
     def predict(placed: dict[Node, int]) -> float:
         waits = pricer.waits(placed) if pricer is not None else None
         return makespan(calls, cost, placed, costs, waits)
