@@ -300,6 +300,50 @@ def test_replays_read_new_inputs_and_weights_in_place_and_return_fresh_outputs()
     assert executor.captures == 2 and executor._inputs[1] is w_new
 
 
+def _returns_weight(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    air.scope_enter([LABEL], ["side"])
+    a = torch.mm(x, w).relu()
+    air.scope_exit()
+    return a, w.t()  # a view of the weight: eager returns the weight's own memory
+
+
+def test_a_replay_checks_weights_once_copies_in_batches_and_returns_weights_as_they_are(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As torch's cudagraph trees: one C call checks every static input, one batched copy
+    refreshes the inputs and one copies the outputs out; an output in a weight's memory is not
+    copied."""
+    import airstream.runtime.cuda_graphs as cuda_graphs
+
+    executor, _ = _graph_executor(_returns_weight, (6, 6), (6, 6), static=(1,))
+    x, w = torch.randn(6, 6), torch.randn(6, 6)
+    executor([x, w])  # the capture
+    checks: list[int] = []
+    copies: list[int] = []
+    check, copy = cuda_graphs.data_ptrs_equal, cuda_graphs.foreach_copy
+
+    def counting_check(tensors: Any, ptrs: Any, indices: Any) -> bool:
+        checks.append(len(indices))
+        return check(tensors, ptrs, indices)
+
+    def counting_copy(dsts: Any, srcs: Any) -> None:
+        copies.append(len(dsts))
+        copy(dsts, srcs)
+
+    monkeypatch.setattr(cuda_graphs, "data_ptrs_equal", counting_check)
+    monkeypatch.setattr(cuda_graphs, "foreach_copy", counting_copy)
+    x2 = torch.randn(6, 6)
+    a, wt = executor([x2, w])
+    assert checks == [1], "one check for every static input"
+    assert copies == [1, 1], "one batched copy in (x), one out (a); the weight's view not copied"
+    assert_same(a, torch.mm(x2, w).relu())
+    assert_same(wt, w.t())
+    assert wt.untyped_storage().data_ptr() == w.untyped_storage().data_ptr()
+    keep = a.clone()
+    executor([torch.randn(6, 6), w])
+    assert_same(a, keep), "the copied-out output survives the next replay"
+
+
 def test_capture_runs_on_private_streams() -> None:
     """Defect 5: label streams shared process-wide joined one thread's capture; the capture
     stream was shared by all executors."""

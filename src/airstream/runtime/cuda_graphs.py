@@ -3,10 +3,12 @@ once and replayed.
 
 The fork/join shape of every call is what makes a multi-stream capture legal. Parameters and
 buffers (``static``: their input indices, from AOTAutograd) are captured by address, as torch's
-cudagraph trees do: a replay reads them where they are, and only the other inputs are copied into
-the graph's own buffers (same strides). Outputs are copied out of the graph's memory, so a result
-survives the next replay. A replay is one opaque launch: profiling sees no per-op records for it
-(use ``mode="max-autotune"`` to profile streams).
+cudagraph trees do: a replay reads them where they are, checks that they have not moved in one C
+call, and copies the other inputs into the graph's own buffers (same strides) as one batched
+copy. Outputs in the graph's memory are copied out (one batched copy), so a result survives the
+next replay; an output that is a static input's memory (a returned weight, or a view of one) is
+returned as it is, as eager would. A replay is one opaque launch: profiling sees no per-op
+records for it (use ``mode="max-autotune"`` to profile streams).
 
 What makes it safe:
 
@@ -40,6 +42,7 @@ from airstream.nodes import describe
 from airstream.ops.native import NATIVE_HOST_SYNCS
 from airstream.runtime.cuda import CudaExecutor
 from airstream.runtime.native import NativeAround
+from airstream.torch_internals import data_ptrs_equal, foreach_copy
 
 __all__ = ["CaptureFailed", "CudaGraphExecutor", "capture_blockers", "copy_like"]
 
@@ -142,8 +145,10 @@ class CudaGraphExecutor:
         self._pool: Any = None  # the graph's memory pool (a MemPool: lives as long as the graph)
         self._inputs: list[Any] = []  # per input: the static tensor itself, or our buffer
         self._copies: list[tuple[int, torch.Tensor]] = []  # (input index, buffer) to refresh
-        self._addresses: dict[int, int] = {}  # static input index -> data_ptr at capture
+        self._addresses: list[int | None] = []  # per input: its data_ptr at capture if static
+        self._static_indices: list[int] = []  # the static inputs' positions
         self._static_outputs: Any = None
+        self._own: list[int] = []  # the outputs in the graph's memory (copied out per replay)
         self._done: Any = None  # recorded after the last replay's output copies were issued
         self._lock = threading.Lock()  # one set of buffers: calls replay one at a time
         self._around = NativeAround(gm)  # the user's events the call waits for and records
@@ -192,17 +197,47 @@ class CudaGraphExecutor:
             for i, buffer in enumerate(inputs)
             if i not in self.static and isinstance(buffer, torch.Tensor)
         ]
-        self._addresses = {
-            i: a.data_ptr()
-            for i, a in enumerate(args)
-            if i in self.static and isinstance(a, torch.Tensor)
-        }
+        self._static_indices = [
+            i for i, a in enumerate(args) if i in self.static and isinstance(a, torch.Tensor)
+        ]
+        self._addresses = [None] * len(args)
+        for i in self._static_indices:
+            self._addresses[i] = args[i].data_ptr()
+        weights = {args[i].untyped_storage().data_ptr() for i in self._static_indices}
+        self._own = [
+            i
+            for i, out in enumerate(outputs)
+            if isinstance(out, torch.Tensor) and out.untyped_storage().data_ptr() not in weights
+        ]
         self._done = api.new_event()
         self.captures += 1
 
-    def _moved(self, args: Sequence[Any]) -> bool:
-        """A static input is not the tensor the graph captured."""
-        return any(args[i].data_ptr() != address for i, address in self._addresses.items())
+    def _moved(self, args: list[Any]) -> bool:
+        """A static input is not the tensor the graph captured (one C call for all of them)."""
+        if not self._static_indices:
+            return False
+        return not data_ptrs_equal(args, self._addresses, self._static_indices)
+
+    def _outputs(self) -> tuple[Any, ...]:
+        """The replay's outputs: those in the graph's memory copied out (one batched copy; an
+        expanded one cloned contiguous), the others (a static input's memory) as they are."""
+        outputs = list(self._static_outputs)
+        dsts: list[torch.Tensor] = []
+        srcs: list[torch.Tensor] = []
+        for i in self._own:
+            value = outputs[i]
+            layout = zip(value.shape, value.stride(), strict=True)
+            if any(stride == 0 and size > 1 for size, stride in layout):
+                outputs[i] = value.clone(memory_format=torch.contiguous_format)
+                continue
+            out = torch.empty_strided(
+                value.shape, value.stride(), dtype=value.dtype, device=value.device
+            )
+            dsts.append(out)
+            srcs.append(value)
+            outputs[i] = out
+        foreach_copy(dsts, srcs)
+        return tuple(outputs)
 
     def __call__(self, args: list[Any]) -> Any:
         if self.blockers:
@@ -230,14 +265,14 @@ class CudaGraphExecutor:
                 # The last replay may have been issued on another caller's stream: its reads of
                 # the input buffers and its output copies come before this call's input copies.
                 stream.wait_event(self._done)
-                for i, buffer in self._copies:  # the inputs that change; weights are read in place
-                    buffer.copy_(args[i])
+                # the inputs that change, in one batched copy; weights are read in place
+                foreach_copy([b for _, b in self._copies], [args[i] for i, _ in self._copies])
                 args.clear()
                 native = self.inner.native if self._around else None
                 if native is not None:
                     self._around.before(native, stream, api)
                 api.replay(self._graph)
-                outputs = tuple(copy_like(o) for o in self._static_outputs)
+                outputs = self._outputs()
                 if native is not None:
                     self._around.after(native, stream)
                 self._done.record(stream)

@@ -60,7 +60,9 @@ from airstream.torch_internals.core import (
 from airstream.torch_internals.cuda import (
     clear_cublas_workspaces,
     cuda_sleep,
+    data_ptrs_equal,
     end_allocate_to_pool,
+    foreach_copy,
     release_pool,
 )
 from airstream.torch_internals.functionalize import (
@@ -179,6 +181,8 @@ __all__ = [
     "aot_eager",
     "aot_module_simplified",
     "clear_cublas_workspaces",
+    "data_ptrs_equal",
+    "foreach_copy",
     "collective_op",
     "collective_op_name",
     "copy_trace_meta",

@@ -70,3 +70,34 @@ def _probe_cuda_sleep() -> Callable[[int], None]:
 def cuda_sleep(cycles: int) -> None:
     """Queue a kernel on the current CUDA stream that spins for ``cycles`` GPU clock cycles."""
     _get("cuda_sleep")(cycles)
+
+
+@_feature(
+    "replay_checks",
+    "torch._C._tensors_data_ptrs_at_indices_equal(tensors, data_ptrs, indices) and "
+    "torch._foreach_copy_(dsts, srcs)",
+    "cuda-graphs",
+    "a CUDA graph replay's static-input check in one C call and its input copies in one "
+    "(as torch's cudagraph trees do)",
+)
+def _probe_replay_checks() -> tuple[Callable[..., bool], Callable[..., None]]:
+    same: Callable[..., bool] = _attr("torch._C:_tensors_data_ptrs_at_indices_equal")
+    copy: Callable[..., None] = _attr("torch:_foreach_copy_")
+    a, b = torch.zeros(2), torch.ones(2)
+    if not same([a, b], [a.data_ptr(), b.data_ptr()], [0, 1]) or same([a], [b.data_ptr()], [0]):
+        raise RuntimeError("_tensors_data_ptrs_at_indices_equal no longer compares data pointers")
+    copy([a], [b])
+    if not bool(a.eq(1).all()):
+        raise RuntimeError("_foreach_copy_ no longer copies")
+    return same, copy
+
+
+def data_ptrs_equal(tensors: list[Any], data_ptrs: list[int | None], indices: list[int]) -> bool:
+    """``tensors[i].data_ptr() == data_ptrs[i]`` for every ``i`` of ``indices``, in one C call."""
+    return _get("replay_checks")[0](tensors, data_ptrs, indices)
+
+
+def foreach_copy(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+    """``dst.copy_(src)`` for each pair, as one batched op (nothing for empty lists)."""
+    if dsts:
+        _get("replay_checks")[1](dsts, srcs)
