@@ -243,3 +243,18 @@ def test_bench_refuses_a_device_it_cannot_use(capsys: pytest.CaptureFixture[str]
         assert "no CUDA GPU is visible" in capsys.readouterr().err
     assert main(["bench", "moe", "--device", "tpu"]) == 2
     assert "choose cpu or cuda[:N]" in capsys.readouterr().err
+
+
+def test_the_never_slower_line_measures_each_config_against_the_best_backend() -> None:
+    from airstream.bench.verdict import never_slower, never_slower_line
+
+    times = {"eager": 10.0, "inductor": 8.0, "one": 8.2, "two": 9.0, "hand": 7.0}
+    verdict = never_slower(times, ["one", "two"], ["eager", "inductor"], ["eager", "hand"])
+    assert verdict["baseline"] == "inductor" and verdict["ceiling"] == "hand"
+    one, two = verdict["configs"]["one"], verdict["configs"]["two"]
+    assert one["vs_best"] == pytest.approx(8.0 / 8.2) and one["met"]  # 0.976 >= 0.97
+    assert two["vs_best"] == pytest.approx(8.0 / 9.0) and not two["met"]
+    assert two["vs_ceiling"] == pytest.approx(7.0 / 9.0)
+    line = never_slower_line(verdict, "interleaved")
+    assert "here inductor; ceiling: hand; interleaved" in line
+    assert "one 0.98x (0.85x of the ceiling), two 0.89x (0.78x of the ceiling) SLOWER" in line

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from airstream.bench.timing import interleaved_medians, run_conditions, synchronized
+from airstream.bench.verdict import never_slower, never_slower_line
 
 __all__ = ["DECODE_MODELS", "build_model", "decode_step", "format_decode", "run_decode"]
 
@@ -230,6 +231,12 @@ def run_decode(
             }
             for runner in steps
         }
+        report["never_slower"] = report.get("never_slower", {})
+        report["never_slower"][name] = never_slower(
+            {r: f["step_ms"] for r, f in report["models"][name].items()},
+            configs=[r for r in steps if r not in ("eager", "inductor")],
+            baselines=("eager", "inductor"),
+        )
         decision = next((d for d in decisions if d is not None), None)
         if decision is not None:
             report["models"][name]["auto_streams"]["decision"] = str(decision)
@@ -270,6 +277,14 @@ def format_decode(report: dict[str, Any]) -> str:
             lines.append(
                 f"    auto_streams predicted {auto['predicted_gain']:.2f}x over one stream, "
                 f"measured {measured:.2f}x; {auto['decision']}"
+            )
+        verdict = report.get("never_slower", {}).get(name)
+        if verdict is not None:
+            lines.append(
+                "    "
+                + never_slower_line(
+                    verdict, "runners interleaved in one process, warm, medians; no hand ceiling"
+                )
             )
     lines.append("  (x: tokens/s over the best of eager and inductor)")
     return "\n".join(lines)
