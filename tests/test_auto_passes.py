@@ -488,6 +488,38 @@ def test_auto_streams_decides_with_the_machines_figures() -> None:
     )
 
 
+def test_auto_streams_charges_the_threads_a_streams_matrix_multiply_gives_up() -> None:
+    """Beside nothing, a matrix multiply on a stream still runs on one intra-op thread: where that
+    takes twice its one-stream time, two streams of them cannot pay; where the runtime's one
+    thread costs nothing, they do. More threads per stream give up less."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from airstream.calibration import NOMINAL
+
+    def projections(x: torch.Tensor, wq: torch.Tensor, wkv: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.rms_norm(x, (512,))
+        q = torch.nn.functional.rms_norm(h @ wq, (512,)) @ wq
+        kv = torch.nn.functional.rms_norm(h @ wkv, (512,)) @ wkv
+        return q.sum() + kv.sum()
+
+    args = (torch.randn(4, 512), torch.randn(512, 512), torch.randn(512, 512))
+    decisions = {}
+    for name, slowdown in (("free", 1.0), ("halved", 2.0)):
+        gm = make_fx(projections, tracing_mode="fake")(*args)
+        costs = dataclasses.replace(
+            NOMINAL, side_stream_seconds=5e-6, thread_slowdown=slowdown, source=name
+        )
+        passes.auto_streams(costs=costs)(gm, [], None)
+        decisions[name] = gm.meta["airstream_auto_streams"]
+    assert decisions["free"].applied
+    assert not decisions["halved"].applied
+    assert decisions["halved"].predicted_gain < 1.05  # min_gain
+    measured = dataclasses.replace(NOMINAL, thread_slowdown=2.0)
+    assert measured.with_stream_threads(1, 4).thread_slowdown == 2.0
+    assert measured.with_stream_threads(2, 3).thread_slowdown == pytest.approx(1.5)
+    assert measured.with_stream_threads(4, 4).thread_slowdown == 1.0
+
+
 def test_auto_streams_declines_a_shared_expert_past_the_token_limit_and_says_why() -> None:
     _, graph, decision = _auto_on("qwen2_moe", min_gain=0.5, max_tokens=4)
     assert "shared expert beside routing x2 not placed: 12 tokens > max_tokens=4" in str(decision)

@@ -9,6 +9,10 @@ these figures (:class:`MachineCosts`):
 - ``bytes_per_second`` / ``flops_per_second``: a weight-streaming and a compute-bound matrix
   multiply at the process's intra-op threads;
 - ``side_stream_seconds``: what one side stream adds to a call (handoff to its worker, join);
+- ``thread_slowdown``: how much longer a matrix multiply takes on one intra-op thread than at the
+  default intra-op threads (during a multi-stream call every stream, the caller's included, runs
+  ``stream_config.threads_per_stream`` threads, one by default: a stream's matrix multiply gives
+  up the other cores' threads even with nothing beside it);
 - ``sync_seconds``: each further cross-stream wait;
 - how much longer work takes beside another stream's, over its time alone at the default
   intra-op threads (1.0: they overlap perfectly; 2.0: two take as long as one after the other):
@@ -66,6 +70,17 @@ class MachineCosts:
     mixed_slowdown: float
     host_slowdown: float
     source: str  # "nominal", or "measured <UTC time>"
+    thread_slowdown: float = 1.0  # a matrix multiply on 1 intra-op thread over the default
+
+    def with_stream_threads(self, threads: int, default: int) -> MachineCosts:
+        """The figures for streams running ``threads`` intra-op threads each, where
+        ``thread_slowdown`` was measured for one: 1.0 at the ``default`` threads, linear between."""
+        if threads <= 1 or self.thread_slowdown <= 1.0:
+            return self
+        if threads >= default:
+            return dataclasses.replace(self, thread_slowdown=1.0)
+        share = (default - threads) / max(default - 1, 1)
+        return dataclasses.replace(self, thread_slowdown=1.0 + (self.thread_slowdown - 1.0) * share)
 
     def summary(self) -> str:
         """One line: the figures in words."""
@@ -73,7 +88,9 @@ class MachineCosts:
             f"{self.source}: handoff {self.side_stream_seconds * 1e6:.0f} us per side stream per "
             f"call, {self.sync_seconds * 1e6:.0f} us per wait, {self.dispatch_seconds * 1e6:.1f} "
             f"us per small op, {self.bytes_per_second / 1e9:.1f} GB/s, "
-            f"{self.flops_per_second / 1e9:.0f} GFLOP/s; beside another stream a matrix "
+            f"{self.flops_per_second / 1e9:.0f} GFLOP/s; a matrix multiply on one intra-op "
+            f"thread takes {self.thread_slowdown:.2f}x its time at the default threads; beside "
+            "another stream a matrix "
             f"multiply takes {self.overlap_slowdown:.2f}x its time alone next to a matrix "
             f"multiply, {self.mixed_slowdown:.2f}x next to small ops, and small ops next to "
             f"small ops {self.host_slowdown:.2f}x"
@@ -91,7 +108,11 @@ NOMINAL = MachineCosts(
     mixed_slowdown=1.0,
     host_slowdown=1.0,
     source="nominal",
+    thread_slowdown=1.0,
 )
+
+# What is measured: a new figure changes the cache key, so older entries are measured again.
+FIGURES_VERSION = 2
 
 _memo: dict[str, MachineCosts] = {}
 _memo_lock = threading.Lock()
@@ -119,6 +140,7 @@ def identity(threads: int | None = None) -> dict[str, Any]:
         "intra_op_threads": threads if threads is not None else torch.get_num_threads(),
         "torch": torch.__version__,
         "openmp": {name: os.environ.get(name, "") for name in OPENMP_VARIABLES},
+        "figures": FIGURES_VERSION,
     }
 
 

@@ -6,7 +6,8 @@ of rounds taken in turn with the figure it is compared against (drift hits both 
 runner settled first so that it does not pay for the state the previous one left:
 
 - dispatch: a small ``aten.add`` on 16 floats;
-- bytes/s: an 8 x 2048 by 2048 x 2048 matrix product (weight-streaming, as in decode);
+- bytes/s: an 8 x 2048 by 2048 x 2048 matrix product (weight-streaming, as in decode); the same
+  product on one intra-op thread over its time at the default threads (``thread_slowdown``);
   flops/s: 256 x 512 by 512 x 512;
 - side stream and wait: a chain of small ops run by airstream's CPU runtime on one stream and with
   every other op on a side stream (2 and 10 hops: the difference per extra wait is the sync cost);
@@ -27,6 +28,7 @@ import torch
 
 from airstream import environment
 from airstream.calibration import MachineCosts, cache_path, machine_costs
+from airstream.openmp import set_intra_op_threads
 
 __all__ = ["costs_lines", "costs_report", "main", "measure"]
 
@@ -108,7 +110,16 @@ def measure() -> MachineCosts:
     x = torch.randn(8, 2048, generator=generator)
     w1 = torch.randn(2048, 2048, generator=generator)
     w2 = torch.randn(2048, 2048, generator=generator)
-    (gemv,) = _medians(10, gemv=lambda: torch.mm(x, w1))
+    default_threads = torch.get_num_threads()
+
+    def gemv_one_thread() -> None:
+        set_intra_op_threads(1)  # this thread only, as the CPU runtime sets a stream's
+        try:
+            torch.mm(x, w1)
+        finally:
+            set_intra_op_threads(default_threads)
+
+    gemv, gemv1 = _medians(10, gemv=lambda: torch.mm(x, w1), gemv1=gemv_one_thread)
     moved = (x.numel() + w1.numel() + 8 * 2048) * 4
     a, b = torch.randn(256, 512, generator=generator), torch.randn(512, 512, generator=generator)
     (gemm,) = _medians(10, gemm=lambda: torch.mm(a, b))
@@ -162,6 +173,9 @@ def measure() -> MachineCosts:
         mixed_slowdown=min(max(mixed_slowdown, 1.0), 2.0),
         host_slowdown=min(max(host_slowdown, 1.0), 2.0),
         source=f"measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        thread_slowdown=min(
+            max((gemv1 - dispatch) / max(gemv - dispatch, 1e-9), 1.0), float(default_threads)
+        ),
     )
 
 
@@ -207,6 +221,8 @@ def costs_lines(costs: dict[str, Any]) -> list[str]:
         f"  {'op':<18}{costs['dispatch_seconds'] * 1e6:.1f} us dispatch, "
         f"{costs['bytes_per_second'] / 1e9:.1f} GB/s, {costs['flops_per_second'] / 1e9:.0f} "
         "GFLOP/s at the default intra-op threads",
+        f"  {'one thread':<18}a matrix multiply {costs.get('thread_slowdown', 1.0):.2f}x its time "
+        "at the default threads (a stream runs one intra-op thread)",
         f"  {'overlap':<18}beside another stream's work, over the time alone (1.0: streams "
         "overlap fully; 2.0: no gain): a",
         f"  {'':<18}matrix multiply {costs['overlap_slowdown']:.2f}x beside a matrix multiply, "

@@ -150,6 +150,9 @@ def auto_streams(
             log.info("auto_streams: the graph already has stream markers; left alone")
             return
         figures = costs if isinstance(costs, MachineCosts) else machine_costs(costs)
+        stream_config = getattr(cfg, "stream_config", None)  # None: a pass called by hand
+        threads = getattr(stream_config, "threads_per_stream", 1)
+        figures = figures.with_stream_threads(threads, torch.get_num_threads())
         cost = {n: (0.0 if _pinned(n) else model(n, figures)) for n in calls}
         single = sum(cost.values())
         roles = find_roles(calls) if max_streams > 1 else []

@@ -104,6 +104,7 @@ def place_roles(
     for role in roles:
         out.found[role.kind] = out.found.get(role.kind, 0) + 1
     where: dict[Node, int] = {}
+
     def predict(placed: dict[Node, int]) -> float:
         waits = pricer.waits(placed) if pricer is not None else None
         return makespan(calls, cost, placed, costs, waits)

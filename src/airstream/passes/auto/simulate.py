@@ -1,9 +1,11 @@
 """Predicted time of a graph on streams: list scheduling and the simulation of a fixed plan.
 
 Both use one machine's figures (:class:`airstream.calibration.MachineCosts`): a sync costs
-``sync_seconds``, and each node takes longer for the part of it that runs while another stream
-works beside it, by the measured slowdowns of matrix multiplies and host work (dispatch, small
-ops) beside each other. The side streams' fixed per-call cost is added by the caller, once per
+``sync_seconds``; on more than one stream every matrix multiply takes ``thread_slowdown`` times
+its one-stream time (each stream runs one intra-op thread), and each node takes longer for the
+part of it that runs while another stream works beside it, by the measured slowdowns of matrix
+multiplies and host work (dispatch, small ops) beside each other (the larger of the two for a
+matrix multiply). The side streams' fixed per-call cost is added by the caller, once per
 stream used.
 
 Which syncs a placement needs is the planner's answer (``pricing.Pricer``: data, mutation, RNG
@@ -124,7 +126,7 @@ def _slowed(
     }
     busy: dict[int, list[tuple[float, float, float]]] = {}
     for node, (start, end) in times.items():
-        if end > start:
+        if end > start and cost[node] > 0:
             share = matmul[node] / cost[node]
             busy.setdefault(where.get(node, 0), []).append((start, end, share))
     for intervals in busy.values():
@@ -143,13 +145,27 @@ def _slowed(
         m_frac = min(m_beside / (end - start), 1.0)
         h_frac = min(h_beside / (end - start), 1.0 - m_frac)
         host = cost[node] - matmul[node]
+        beside = (
+            1.0 + (costs.overlap_slowdown - 1.0) * m_frac + (costs.mixed_slowdown - 1.0) * h_frac
+        )
         slowed[node] = (
-            cost[node]
-            + matmul[node]
-            * ((costs.overlap_slowdown - 1.0) * m_frac + (costs.mixed_slowdown - 1.0) * h_frac)
+            host
+            + matmul[node] * max(costs.thread_slowdown, beside)
             + host * ((costs.mixed_slowdown - 1.0) * m_frac + (costs.host_slowdown - 1.0) * h_frac)
         )
     return slowed
+
+
+def _threaded(cost: dict[Node, float], costs: MachineCosts) -> dict[Node, float]:
+    """Costs on more than one stream before any overlap: matrix multiplies on one thread."""
+    if costs.thread_slowdown <= 1.0:
+        return cost
+    return {
+        n: c + (max(c - costs.dispatch_seconds, 0.0) * (costs.thread_slowdown - 1.0))
+        if n.target in MATMULS
+        else c
+        for n, c in cost.items()
+    }
 
 
 def makespan(
@@ -163,9 +179,15 @@ def makespan(
     stream running its nodes in ``order``; ``waits``: the syncs the planner adds for it
     (``pricing.Pricer.waits``; None: one per input from another stream)."""
     sync = costs.sync_seconds
-    times = _times(order, cost, where, sync, waits)
-    slowdowns = (costs.overlap_slowdown, costs.mixed_slowdown, costs.host_slowdown)
-    if max(slowdowns) > 1.0 and len({where.get(n, 0) for n in order}) > 1:
+    streams = len({where.get(n, 0) for n in order})
+    times = _times(order, _threaded(cost, costs) if streams > 1 else cost, where, sync, waits)
+    slowdowns = (
+        costs.overlap_slowdown,
+        costs.mixed_slowdown,
+        costs.host_slowdown,
+        costs.thread_slowdown,
+    )
+    if max(slowdowns) > 1.0 and streams > 1:
         for _ in range(2):  # the stretched plan overlaps differently: settle once more
             times = _times(order, _slowed(cost, where, times, costs), where, sync, waits)
     return max((t[1] for t in times.values()), default=0.0)
