@@ -7,7 +7,8 @@ runner settled first so that it does not pay for the state the previous one left
 
 - dispatch: a small ``aten.add`` on 16 floats;
 - bytes/s: an 8 x 2048 by 2048 x 2048 matrix product (weight-streaming, as in decode); the same
-  product on one intra-op thread over its time at the default threads (``thread_slowdown``);
+  product on one intra-op thread, MKL's included, over its time at the default threads
+  (``thread_slowdown``);
   flops/s: 256 x 512 by 512 x 512;
 - side stream and wait: a chain of small ops run by airstream's CPU runtime on one stream and with
   every other op on a side stream (2 and 10 hops: the difference per extra wait is the sync cost);
@@ -28,7 +29,6 @@ import torch
 
 from airstream import environment
 from airstream.calibration import MachineCosts, cache_path, machine_costs
-from airstream.openmp import set_intra_op_threads
 
 __all__ = ["costs_lines", "costs_report", "main", "measure"]
 
@@ -113,11 +113,14 @@ def measure() -> MachineCosts:
     default_threads = torch.get_num_threads()
 
     def gemv_one_thread() -> None:
-        set_intra_op_threads(1)  # this thread only, as the CPU runtime sets a stream's
+        # On one thread, MKL's included: a side stream runs inside the caller's OpenMP team,
+        # where MKL runs sequentially. (This process only measures: the process-wide setting is
+        # what reaches MKL; the runtime's per-thread OpenMP setting would not.)
+        torch.set_num_threads(1)
         try:
             torch.mm(x, w1)
         finally:
-            set_intra_op_threads(default_threads)
+            torch.set_num_threads(default_threads)
 
     gemv, gemv1 = _medians(10, gemv=lambda: torch.mm(x, w1), gemv1=gemv_one_thread)
     moved = (x.numel() + w1.numel() + 8 * 2048) * 4

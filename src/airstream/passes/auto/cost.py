@@ -4,8 +4,9 @@
 plus a bytes term for memory traffic and a fixed dispatch cost, at one machine's rates
 (``airstream.calibration``: measured on this machine, or nominal). ``profile``:
 each node run a few times on random inputs of its example shapes at compile time (fastest run,
-1 intra-op thread). Only pure nodes are run (``airstream.effects``): a random op, a write, a
-collective or an air op gets its ``flops`` estimate instead, and the inputs are drawn from a
+at the process's intra-op threads: the cost on one stream). Only pure nodes are run
+(``airstream.effects``): a random op, a write, a collective or an air op gets its ``flops``
+estimate instead, and the inputs are drawn from a
 private generator, so profiling leaves every random generator as it found it and issues no
 communication.
 
@@ -25,7 +26,6 @@ import torch.fx
 
 from airstream.calibration import NOMINAL, MachineCosts
 from airstream.effects import effects
-from airstream.openmp import set_intra_op_threads
 from airstream.torch_internals import flop_formula, size_hint
 
 __all__ = ["CostModel", "flops_cost", "hinted", "profile_cost"]
@@ -103,19 +103,19 @@ def _materialize(value: Any, generator: torch.Generator) -> Any:
 
 def profile_cost(node: torch.fx.Node, costs: MachineCosts = NOMINAL, repeats: int = 5) -> float:
     """Fastest of ``repeats`` runs of ``node`` (after one warm-up) on random inputs of its example
-    shapes, with 1 intra-op thread as stream workers run; falls back to :func:`flops_cost` for
-    nodes that cannot run that way and for nodes with effects beyond their result."""
+    shapes, at the process's intra-op threads: its cost on one stream (a multi-stream prediction
+    charges each matrix multiply the measured ``thread_slowdown`` on top); falls back to
+    :func:`flops_cost` for nodes that cannot run that way and for nodes with effects beyond their
+    result."""
     if node.op != "call_function" or not callable(node.target):
         return 0.0
     if not effects(node).pure:
         return flops_cost(node, costs)
-    threads = torch.get_num_threads()
     generator = torch.Generator().manual_seed(0)
     target: Callable[..., Any] = node.target
     try:
         args = torch.fx.map_arg(node.args, lambda a: _materialize(_val(a), generator))
         kwargs = torch.fx.map_arg(node.kwargs, lambda a: _materialize(_val(a), generator))
-        set_intra_op_threads(1)
         with torch.random.fork_rng(devices=[]):  # an op drawing randomness untagged: undone
             target(*args, **kwargs)
             samples = []
@@ -126,5 +126,3 @@ def profile_cost(node: torch.fx.Node, costs: MachineCosts = NOMINAL, repeats: in
         return min(samples)
     except Exception:
         return flops_cost(node, costs)
-    finally:
-        set_intra_op_threads(threads)
