@@ -264,3 +264,38 @@ def test_a_call_empties_its_arguments_and_keeps_no_value(kind: str) -> None:
         assert args == []
         assert x_ref() is None, "the input outlived the call"
         assert_same(got, want)
+
+
+def test_worker_streams_give_mkl_their_thread_count_and_the_caller_gets_its_own_back() -> None:
+    """Outside an OpenMP team, OpenMP's per-thread count does not reach MKL's matrix multiplies:
+    each worker stream and the calling thread set MKL's own per-thread count for the call, and
+    the caller's is restored after it."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from airstream.schedule.plan import build_plan
+    from airstream.streams import assign_streams
+
+    w = torch.randn(8, 8)
+    gm = make_fx(_two_stream_chain, tracing_mode="fake")(torch.randn(4, 8), w)
+    executor = CpuExecutor(gm, build_plan(gm, assign_streams(gm)), 1, openmp_team=False)
+    real = executor._mkl
+    assert real is not None
+    calls: list[tuple[str, int]] = []
+    lock = threading.Lock()
+
+    def recording(threads: int) -> int:
+        with lock:
+            calls.append((threading.current_thread().name, threads))
+        return real(threads)
+
+    executor._mkl = recording
+    before = real(0)
+    real(before)
+    x = torch.randn(4, 8)
+    assert_same(executor([x, w]), _two_stream_chain(x, w))
+    caller = threading.current_thread().name
+    mine = [t for name, t in calls if name == caller]
+    workers = [t for name, t in calls if name != caller]
+    assert mine == [1, before], "the caller runs the call on one thread, then gets its own back"
+    assert workers == [1], "the side stream's worker runs its products on one thread"
+    assert real(before) == before  # the caller's MKL setting is as it was

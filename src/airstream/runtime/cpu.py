@@ -1,7 +1,9 @@
 """CPU runtime: the main stream on the calling thread, each side stream on its worker thread.
 
 Every stream runs with ``stream_config.threads_per_stream`` intra-op threads, the calling thread
-included for the duration of the call (its own setting is restored afterwards).
+included for the duration of the call (its own setting is restored afterwards): OpenMP's
+per-thread count and, on worker threads, MKL's (which OpenMP's does not reach outside a
+parallel region; inside the caller's OpenMP team MKL runs on one thread by itself).
 
 Every stream's steps become one generated function (``runtime/codegen.py``): a record sets a
 per-call event, a wait waits for it. Events are spinning flags (``runtime/handoff.py``: a waiter
@@ -48,7 +50,7 @@ from airstream.runtime.handoff import flag_type, team_runner
 from airstream.runtime.trace import CallTrace, tracing_wanted
 from airstream.runtime.workers import StreamWorker, submit_all, worker_for
 from airstream.schedule.plan import Record, StreamPlan, StreamSteps
-from airstream.torch_internals import set_grad_enabled
+from airstream.torch_internals import mkl_thread_setter, require, set_grad_enabled
 
 __all__ = ["CpuExecutor"]
 
@@ -208,6 +210,11 @@ class CpuExecutor:
             if s.runs
         )
         self._team = team if self.sides else None
+        # MKL's own per-thread count, for the worker-thread path
+        self._mkl = None
+        if self.sides:
+            require("cpu-streams")
+            self._mkl = mkl_thread_setter()
 
     @property
     def code(self) -> str:
@@ -239,11 +246,14 @@ class CpuExecutor:
         ``threads``: the intra-op threads to run with (``None`` inside a parallel region, where
         every torch op runs on its one thread)."""
         kind = self._events
+        mkl = self._mkl
 
         def job() -> Any:
             try:
                 if threads is not None:
                     set_intra_op_threads(threads)
+                    if mkl is not None:
+                        mkl(threads)
                 set_grad_enabled(grad)  # grad mode is per thread: follow the caller
                 if trace is None:
                     code.fn(inputs, slots, state.events, state)
@@ -327,10 +337,14 @@ class CpuExecutor:
             # intra-op threads during the call (oversubscribing the cores costs more than
             # streams gain).
             set_intra_op_threads(self.threads_per_stream)
+            mkl = self._mkl
+            previous = mkl(self.threads_per_stream) if mkl is not None else 0
             try:
                 result = run_main()
             finally:
                 set_intra_op_threads(caller_threads)
+                if mkl is not None:
+                    mkl(previous)
         if state.failed or trace is not None:
             # Failed: the join was skipped or poisoned. Traced: the trace must be complete.
             # Either way, let every side stream of this call finish first.

@@ -83,6 +83,7 @@ from airstream.torch_internals.inductor import (
     tag_original_aten,
     trace_forward,
 )
+from airstream.torch_internals.mkl import mkl_thread_setter
 from airstream.torch_internals.registry import (
     FEATURES,
     GROUPS,
@@ -183,6 +184,7 @@ __all__ = [
     "clear_cublas_workspaces",
     "data_ptrs_equal",
     "foreach_copy",
+    "mkl_thread_setter",
     "collective_op",
     "collective_op_name",
     "copy_trace_meta",
