@@ -453,6 +453,14 @@ def test_parallel_projections_find_qkv_and_gate_up() -> None:
             assert not any(n.target is aten.copy_.default for n in branch)
 
 
+def _projections(x: torch.Tensor, wq: torch.Tensor, wkv: torch.Tensor) -> torch.Tensor:
+    """Two projections of one normed input, each normed and projected again: a role to place."""
+    h = torch.nn.functional.rms_norm(x, (512,))
+    q = torch.nn.functional.rms_norm(h @ wq, (512,)) @ wq
+    kv = torch.nn.functional.rms_norm(h @ wkv, (512,)) @ wkv
+    return q.sum() + kv.sum()
+
+
 def test_auto_streams_decides_with_the_machines_figures() -> None:
     """The same graph: placed where work overlaps on two streams, kept single-stream where two
     streams take as long as one after the other."""
@@ -460,16 +468,10 @@ def test_auto_streams_decides_with_the_machines_figures() -> None:
 
     from airstream.calibration import NOMINAL
 
-    def projections(x: torch.Tensor, wq: torch.Tensor, wkv: torch.Tensor) -> torch.Tensor:
-        h = torch.nn.functional.rms_norm(x, (512,))
-        q = torch.nn.functional.rms_norm(h @ wq, (512,)) @ wq
-        kv = torch.nn.functional.rms_norm(h @ wkv, (512,)) @ wkv
-        return q.sum() + kv.sum()
-
     args = (torch.randn(4, 512), torch.randn(512, 512), torch.randn(512, 512))
     decisions = {}
     for name, slowdown in (("pays", 1.0), ("shares", 2.0)):
-        gm = make_fx(projections, tracing_mode="fake")(*args)
+        gm = make_fx(_projections, tracing_mode="fake")(*args)
         costs = dataclasses.replace(
             NOMINAL,
             overlap_slowdown=slowdown,
@@ -496,16 +498,10 @@ def test_auto_streams_charges_the_threads_a_streams_matrix_multiply_gives_up() -
 
     from airstream.calibration import NOMINAL
 
-    def projections(x: torch.Tensor, wq: torch.Tensor, wkv: torch.Tensor) -> torch.Tensor:
-        h = torch.nn.functional.rms_norm(x, (512,))
-        q = torch.nn.functional.rms_norm(h @ wq, (512,)) @ wq
-        kv = torch.nn.functional.rms_norm(h @ wkv, (512,)) @ wkv
-        return q.sum() + kv.sum()
-
     args = (torch.randn(4, 512), torch.randn(512, 512), torch.randn(512, 512))
     decisions = {}
     for name, slowdown in (("free", 1.0), ("halved", 2.0)):
-        gm = make_fx(projections, tracing_mode="fake")(*args)
+        gm = make_fx(_projections, tracing_mode="fake")(*args)
         costs = dataclasses.replace(
             NOMINAL, side_stream_seconds=5e-6, thread_slowdown=slowdown, source=name
         )

@@ -129,9 +129,10 @@ class ReadOnly(CompileObserver):
     def __init__(self, observer: CompileObserver) -> None:
         self.observer = observer
 
-    def _check(
-        self, event: str, gm: torch.fx.GraphModule, before: list[tuple[object, ...]]
-    ) -> None:
+    def _watch(self, event: str, gm: torch.fx.GraphModule, *args: object) -> None:
+        """Hand the observer ``event`` and stop the compile if it changed the graph."""
+        before = _fingerprint(gm)
+        getattr(self.observer, event)(*args)
         if _fingerprint(gm) != before:
             raise AirstreamError(
                 f"observer {type(self.observer).__qualname__} changed the graph in {event}: "
@@ -141,24 +142,16 @@ class ReadOnly(CompileObserver):
             )
 
     def graph_traced(self, gm: torch.fx.GraphModule) -> None:
-        before = _fingerprint(gm)
-        self.observer.graph_traced(gm)
-        self._check("graph_traced", gm, before)
+        self._watch("graph_traced", gm, gm)
 
     def started(self, gm: torch.fx.GraphModule, graph_kind: str) -> None:
-        before = _fingerprint(gm)
-        self.observer.started(gm, graph_kind)
-        self._check("started", gm, before)
+        self._watch("started", gm, gm, graph_kind)
 
     def before_pass(self, spec: PassSpec, gm: torch.fx.GraphModule, graph_kind: str) -> None:
-        before = _fingerprint(gm)
-        self.observer.before_pass(spec, gm, graph_kind)
-        self._check("before_pass", gm, before)
+        self._watch("before_pass", gm, spec, gm, graph_kind)
 
     def stage_done(self, stage: str, gm: torch.fx.GraphModule, graph_kind: str) -> None:
-        before = _fingerprint(gm)
-        self.observer.stage_done(stage, gm, graph_kind)
-        self._check("stage_done", gm, before)
+        self._watch("stage_done", gm, stage, gm, graph_kind)
 
     def failed(self, spec: PassSpec, gm: torch.fx.GraphModule, graph_kind: str) -> str | None:
         return self.observer.failed(spec, gm, graph_kind)
@@ -171,11 +164,7 @@ class ReadOnly(CompileObserver):
         plan: StreamPlan,
         code: str,
     ) -> None:
-        before = _fingerprint(gm)
-        self.observer.plan_built(graph_kind, gm, streams, plan, code)
-        self._check("plan_built", gm, before)
+        self._watch("plan_built", gm, graph_kind, gm, streams, plan, code)
 
     def graph_compiled(self, compiled: CompiledGraph) -> None:
-        before = _fingerprint(compiled.graph_module)
-        self.observer.graph_compiled(compiled)
-        self._check("graph_compiled", compiled.graph_module, before)
+        self._watch("graph_compiled", compiled.graph_module, compiled)

@@ -106,15 +106,25 @@ def capture_blockers(gm: torch.fx.GraphModule) -> list[str]:
     return reasons
 
 
+def _expanded(value: torch.Tensor) -> bool:
+    """Does ``value`` repeat memory (a stride of 0), which no copy can share memory like?"""
+    layout = zip(value.shape, value.stride(), strict=True)
+    return any(stride == 0 and size > 1 for size, stride in layout)
+
+
+def _empty_like(value: torch.Tensor) -> torch.Tensor:
+    """Uninitialized memory with ``value``'s strides (``empty_like`` makes gaps contiguous)."""
+    return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+
+
 def copy_like(value: Any) -> Any:
     """A copy of ``value`` with its strides (``clone`` makes a tensor with gaps contiguous); an
-    expanded tensor, which no copy can share memory like, comes back contiguous."""
+    expanded tensor comes back contiguous."""
     if not isinstance(value, torch.Tensor):
         return value
-    layout = zip(value.shape, value.stride(), strict=True)
-    if any(stride == 0 and size > 1 for size, stride in layout):
+    if _expanded(value):
         return value.clone(memory_format=torch.contiguous_format)
-    out = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+    out = _empty_like(value)
     out.copy_(value)
     return out
 
@@ -226,16 +236,12 @@ class CudaGraphExecutor:
         srcs: list[torch.Tensor] = []
         for i in self._own:
             value = outputs[i]
-            layout = zip(value.shape, value.stride(), strict=True)
-            if any(stride == 0 and size > 1 for size, stride in layout):
-                outputs[i] = value.clone(memory_format=torch.contiguous_format)
+            if _expanded(value):
+                outputs[i] = copy_like(value)
                 continue
-            out = torch.empty_strided(
-                value.shape, value.stride(), dtype=value.dtype, device=value.device
-            )
-            dsts.append(out)
+            outputs[i] = _empty_like(value)
+            dsts.append(outputs[i])
             srcs.append(value)
-            outputs[i] = out
         foreach_copy(dsts, srcs)
         return tuple(outputs)
 
