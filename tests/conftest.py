@@ -16,6 +16,10 @@ from airstream.backend import AirstreamBackend, CompiledGraph
 # auto_streams decides with fixed nominal figures in tests, so its decisions do not depend on the
 # machine's load; tests/test_calibration.py measures the real ones.
 os.environ.setdefault("AIRSTREAM_COSTS", "nominal")
+# A config left at mode="default" compiles in reduce-overhead (aten calls) in tests: the default
+# on CPU, max-autotune, is an Inductor compile per segment. tests/test_mode.py tests the default
+# itself; the max-autotune tests set the mode.
+os.environ.setdefault("AIRSTREAM_MODE", "reduce-overhead")
 
 
 # Two test sets. The default set (`python -m pytest -q -n auto`) keeps every code path and runs

@@ -10,7 +10,7 @@ from airstream import CompilerConfig, ConfigError
 
 def test_defaults_match_design() -> None:
     c = CompilerConfig()
-    assert c.mode == "reduce-overhead"
+    assert c.mode == "default"  # resolved per device: tests/test_mode.py
     assert c.post_grad_custom_pre_pass is None and c.post_grad_custom_post_pass is None
     assert c.debug.graph_dump.type is None
     assert c.debug.run_eagerly is False and c.debug.verify_passes is False
@@ -37,7 +37,7 @@ def test_unknown_option_lists_valid_names_and_suggests() -> None:
 @pytest.mark.parametrize(
     ("path", "value", "allowed"),
     [
-        ("mode", "fast", "'reduce-overhead', 'max-autotune'"),
+        ("mode", "fast", "'default', 'reduce-overhead', 'max-autotune'"),
         ("debug.graph_dump.type", "png", "None, 'txt', 'py', 'dot', 'svg'"),
         ("debug.run_eagerly", 1, "True, False"),
         ("ge_config.enable_single_stream", "yes", "True, False"),
@@ -98,7 +98,7 @@ def test_prints_readably_and_compares_by_value() -> None:
     b.debug.run_eagerly = True
     assert a != b
     text = repr(b)
-    assert "CompilerConfig(mode='reduce-overhead'" in text and "run_eagerly=True" in text
+    assert "CompilerConfig(mode='default'" in text and "run_eagerly=True" in text
     assert b.copy() == b and b.copy() is not b
     copy = b.copy()
     copy.debug.run_eagerly = False

@@ -28,10 +28,10 @@ def test_each_torchair_mode_compiles_as_its_table_says(mode: str) -> None:
 
 def test_torchairs_default_is_airstreams_max_autotune_not_airstreams_default() -> None:
     """TorchAir's default (GE graph mode: the whole graph compiled) is airstream's
-    max-autotune; airstream's own default stays reduce-overhead."""
+    max-autotune; airstream's own default is chosen per device (airstream.mode)."""
     assert torchair.CompilerConfig().mode.value == "max-autotune"
     assert torchair.CompilerConfig().airstream.mode == "max-autotune"
-    assert airstream.CompilerConfig().mode == "reduce-overhead"
+    assert airstream.CompilerConfig().mode == "default"
 
 
 def test_mode_is_in_the_option_table() -> None:

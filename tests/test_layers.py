@@ -26,6 +26,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "torch_internals",
                 "options",
                 "config",
+                "mode",
                 "ops",
                 "effects",
                 "fused",

@@ -167,9 +167,11 @@ class CompilerConfig(OptionGroup):
 
     _OPTIONS = {
         "mode": Option(
-            "reduce-overhead",
-            choice("reduce-overhead", "max-autotune"),
-            "reduce-overhead: generated aten code; max-autotune: Inductor segments per stream",
+            "default",
+            choice("default", "reduce-overhead", "max-autotune"),
+            "reduce-overhead: generated aten code (CUDA: one CUDA graph); max-autotune: Inductor "
+            "segments per stream; default: max-autotune on CPU, reduce-overhead on CUDA, or "
+            "$AIRSTREAM_MODE (see airstream.mode)",
         ),
         "post_grad_custom_pre_pass": Option(None, pass_slot, "pass(es) run before built-ins"),
         "post_grad_custom_post_pass": Option(None, pass_slot, "pass(es) run after built-ins"),

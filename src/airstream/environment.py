@@ -29,6 +29,7 @@ __all__ = [
     "AIRSTREAM_CACHE_DIR",
     "AIRSTREAM_COSTS",
     "AIRSTREAM_HANDOFF",
+    "AIRSTREAM_MODE",
     "OPENMP",
     "TORCHDYNAMO_VERBOSE",
     "TORCH_COMPILE_DEBUG",
@@ -130,6 +131,15 @@ AIRSTREAM_COSTS: Variable[str] = Variable(
     ),
     _word("measured", "nominal"),
 )
+AIRSTREAM_MODE: Variable[str | None] = Variable(
+    "AIRSTREAM_MODE",
+    "'reduce-overhead', 'max-autotune'",
+    None,
+    "the mode of every config that leaves `mode` at 'default' (unset: chosen per device, see "
+    "airstream.mode); reduce-overhead compiles in a fraction of the time (the test suite sets it)",
+    ("airstream.mode.resolve_mode",),
+    _word("reduce-overhead", "max-autotune"),
+)
 TORCHDYNAMO_VERBOSE: Variable[bool] = Variable(
     "TORCHDYNAMO_VERBOSE",
     "'1' = on, anything else off (torch's reading)",
@@ -158,6 +168,7 @@ VARIABLES: dict[str, Variable[Any]] = {
         XDG_CACHE_HOME,
         AIRSTREAM_HANDOFF,
         AIRSTREAM_COSTS,
+        AIRSTREAM_MODE,
         TORCHDYNAMO_VERBOSE,
         TORCH_COMPILE_DEBUG,
     )

@@ -61,6 +61,7 @@ class ExplainReport:
                 out.write(f"\n== graph {i} ({graph.kind}) plan ==\n{graph.compiled.plan}\n")
                 out.write(graph.compiled.plan.summary() + "\n")
                 out.write(f"executor: {type(graph.compiled.executor).__name__}\n")
+                out.write(f"mode: {graph.mode}\n")
                 if graph.compiled.segments or graph.mode == "max-autotune":
                     out.write(f"\n== graph {i} ({graph.kind}) max-autotune segments ==\n")
                     out.write(format_segments(graph.compiled.segments) + "\n")
@@ -154,7 +155,7 @@ def explain(
         backend, reports = _compile_only(model, example_inputs, config, fullgraph=False, **kw)
     for report, graph in zip(reports, backend.graphs, strict=False):
         report.compiled = graph
-        report.mode = config.mode
+        report.mode = graph.mode  # as compiled: "default" resolved by the graph's device
     warnings_: list[str] = []
     for graph in backend.graphs:
         warnings_ += small_stream_warnings(graph)

@@ -34,7 +34,8 @@ __all__ = ["CompileObserver", "CompiledGraph", "Observers", "ReadOnly"]
 @dataclass(frozen=True)
 class CompiledGraph:
     """One compiled graph: its kind, the optimized graph, its streams and plan, the passes run,
-    the executor that runs it, and (max-autotune) what became of each segment."""
+    the executor that runs it, (max-autotune) what became of each segment, and the mode it
+    compiled in (``"default"`` resolved by its device)."""
 
     kind: str
     graph_module: torch.fx.GraphModule
@@ -43,6 +44,7 @@ class CompiledGraph:
     passes: tuple[PassResult, ...]
     executor: Executor
     segments: tuple[CompiledSegment, ...] = ()
+    mode: str = "reduce-overhead"
 
     @property
     def fallbacks(self) -> int:

@@ -1,5 +1,6 @@
 """One graph's compile: passes -> stream analysis -> plan -> (max-autotune: fuse, plan again)
--> executor, every step announced to the observers.
+-> executor, every step announced to the observers. The mode is resolved once per graph, by its
+device where the config leaves it at ``"default"`` (:func:`airstream.mode.resolve_mode`).
 
 :class:`GraphCompiler` is the AOTAutograd graph compiler the backend hands AOTAutograd for the
 inference, forward and backward graphs (and :func:`airstream.get_compiler` to those who call
@@ -21,13 +22,14 @@ from airstream import torch_internals
 from airstream.config import CompilerConfig
 from airstream.debug.dump import DumpObserver, dumper_for
 from airstream.fused import CompiledSegment
+from airstream.mode import resolve_mode
 from airstream.nodes import GRAPH_KIND_KEY, GRAPH_KINDS, graph_kind
 from airstream.observers import CompiledGraph, CompileObserver
 from airstream.ops.native import NativeStreams, attach_native_streams
 from airstream.passes.manager import PassManager
 from airstream.passes.tagged_events import lower_tagged_events
 from airstream.runtime.codegen import Executor
-from airstream.runtime.select import choose_executor
+from airstream.runtime.select import choose_executor, cuda_device
 from airstream.schedule.fuse import fuse_streams
 from airstream.schedule.native import has_native_streams, lower_native_streams
 from airstream.schedule.plan import build_plan
@@ -99,8 +101,10 @@ class GraphCompiler:
             warnings.warn(note, stacklevel=2)
         plan = build_plan(gm, streams)
         segments: tuple[CompiledSegment, ...] = ()
+        device = cuda_device(gm)
+        mode = resolve_mode(config, "cpu" if device is None else device.type)
         dumping = config.debug.data_dump.type is not None  # runs node by node: nothing to fuse
-        if config.mode == "max-autotune" and not dumping:
+        if mode == "max-autotune" and not dumping:
             segments = fuse_streams(
                 gm,
                 plan,
@@ -114,10 +118,10 @@ class GraphCompiler:
                 plan = build_plan(gm, streams)
         _record_scopes(gm, streams)
         gm.recompile()  # once: gm.code shows the graph that runs (the executor has its own)
-        executor = choose_executor(gm, plan, kind, config)
+        executor = choose_executor(gm, plan, kind, config, mode, device)
         observer.plan_built(kind, gm, streams, plan, executor.code)
         observer.graph_compiled(
-            CompiledGraph(kind, gm, streams, plan, tuple(results), executor, segments)
+            CompiledGraph(kind, gm, streams, plan, tuple(results), executor, segments, mode)
         )
         return executor
 

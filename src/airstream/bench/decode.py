@@ -11,9 +11,9 @@ step; a static cache attends over its whole length, so every step costs the same
 timed interleaved, medians:
 
 - ``eager``; ``inductor`` (``torch.compile`` defaults);
-- ``airstream`` (one stream); ``auto_streams``; ``shared_expert`` (``shared_expert_overlap``,
-  MoE models with a shared expert); ``max-autotune+streams`` (Inductor segments, with the shared
-  expert pass on models that have one, else ``auto_streams``);
+- ``airstream`` (one stream, the default mode: max-autotune on CPU, reduce-overhead on CUDA;
+  ``airstream.mode``) and ``airstream <the other mode>``; ``auto_streams``; ``shared_expert``
+  (``shared_expert_overlap``, MoE models with a shared expert), both in the default mode;
 - ``alt_stream`` (MoE models with a shared expert): the same weights with each MoE block
   written as serving stacks write it, the shared expert under ``with alt_stream:`` and
   ``wait_stream`` before and after (``selftest/alt_stream.py``), compiled with no pass: PyTorch's
@@ -108,35 +108,35 @@ def build_model(name: str, device: str = "cpu") -> tuple[Any, str | None]:
     return model, shared
 
 
-def _backends(shared: str | None, inductor: bool) -> dict[str, Any]:
+def _backends(shared: str | None, inductor: bool, device: str) -> dict[str, Any]:
     import airstream
     from airstream import passes
+    from airstream.mode import MODES, resolve_mode
     from airstream.torch_internals import compile_fx
 
-    def config(mode: str = "reduce-overhead", graph_pass: Any = None) -> Any:
+    def config(mode: str = "default", graph_pass: Any = None) -> Any:
         out = airstream.CompilerConfig()
         out.mode = mode
         out.post_grad_custom_pre_pass = graph_pass
         return airstream.get_backend(compiler_config=out)
 
+    default = resolve_mode(airstream.CompilerConfig(), torch.device(device).type)
+    other = next(m for m in MODES if m != default)
     runners: dict[str, Any] = {"eager": None}
     if inductor:
         runners["inductor"] = compile_fx
     runners["airstream"] = config()
+    runners[f"airstream {other}"] = config(other)
     runners["auto_streams"] = config(graph_pass=passes.auto_streams())
     if shared is not None:
         runners["shared_expert"] = config(graph_pass=passes.shared_expert_overlap(shared=shared))
-    hand = passes.shared_expert_overlap(shared=shared) if shared else passes.auto_streams()
-    runners["max-autotune+streams"] = config("max-autotune", hand)
     return runners
 
 
 def _plain_backend() -> Any:
     import airstream
 
-    config = airstream.CompilerConfig()
-    config.mode = "reduce-overhead"  # as the other airstream runners
-    return airstream.get_backend(compiler_config=config)
+    return airstream.get_backend(compiler_config=airstream.CompilerConfig())
 
 
 def _alt_stream_model(name: str, device: str) -> Any:
@@ -206,7 +206,7 @@ def run_decode(
         torch.compiler.reset()
         steps: dict[str, Callable[[], torch.Tensor]] = {}
         compile_seconds: dict[str, float] = {}
-        backends = _backends(shared, inductor)
+        backends = _backends(shared, inductor, device)
         for runner, backend in backends.items():
             steps[runner], compile_seconds[runner] = decode_step(
                 model, backend, batch, prompt, prompt + 8

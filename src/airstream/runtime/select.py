@@ -32,9 +32,15 @@ def cuda_device(gm: torch.fx.GraphModule) -> torch.device | None:
 
 
 def choose_executor(
-    gm: torch.fx.GraphModule, plan: StreamPlan, kind: str, config: CompilerConfig
+    gm: torch.fx.GraphModule,
+    plan: StreamPlan,
+    kind: str,
+    config: CompilerConfig,
+    mode: str,
+    device: torch.device | None,
 ) -> Executor:
-    """Node by node for data_dump; serial for run_eagerly; CUDA streams (and graphs) on CUDA;
+    """Node by node for data_dump; serial for run_eagerly; CUDA streams on a CUDA ``device``
+    (captured as CUDA graphs in ``mode`` reduce-overhead, the mode the graph compiles in);
     threads on CPU. A CPU graph with nothing off the main stream runs serially: no thread to
     hand off to."""
     dump = config.debug.data_dump
@@ -42,12 +48,11 @@ def choose_executor(
         return DataDumpExecutor(gm, dump.path, dump.filter)
     if config.debug.run_eagerly:
         return SerialExecutor(gm, plan)
-    device = cuda_device(gm)
     if device is not None:
         table = native_streams_of(gm)
         native = None if table is None else NativeObjects(table, at_run_time=kind != "backward")
         executor = CudaExecutor(gm, plan, device, native=native)
-        if config.mode == "reduce-overhead":
+        if mode == "reduce-overhead":
             # Parameters and buffers are the same tensors every call: captured by address.
             torch_internals.require("cuda-graphs")
             static = torch_internals.static_input_indices() if kind != "backward" else None
