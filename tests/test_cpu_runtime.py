@@ -299,3 +299,46 @@ def test_worker_streams_give_mkl_their_thread_count_and_the_caller_gets_its_own_
     assert mine == [1, before], "the caller runs the call on one thread, then gets its own back"
     assert workers == [1], "the side stream's worker runs its products on one thread"
     assert real(before) == before  # the caller's MKL setting is as it was
+
+
+class _Window(torch.nn.Module):
+    """A big op before the fork and one after the join (alone), two beside each other."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = probe(x, "before")
+        with airstream.stream("s1"):
+            s = probe(a.sin(), "side")
+        m = probe(a.cos(), "beside")
+        return probe(s + m, "after")
+
+
+def test_the_main_stream_gets_every_thread_back_where_it_runs_alone() -> None:
+    """Only the window where the side stream may run shares the cores: before the fork and
+    after the join the main stream's ops run on the caller's threads (schedule/overlap.py)."""
+    probe_ops.SEEN.clear()
+    compiled, backend = compile_model(_Window(), airstream.CompilerConfig())
+    x = torch.randn(256, 256)  # big enough for intra-op threads to matter
+    compiled(x)
+    executor = graph_of(backend, "inference").executor
+    assert isinstance(executor, CpuExecutor) and executor.side_threads == "workers"
+    assert {n.name: alone for n, alone in executor.thread_plan.items() if "probe" in n.name} == {
+        "probe": True,
+        "probe_2": False,
+        "probe_3": True,
+    }
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        probe_ops.SEEN.clear()
+        assert_same(compiled(x), x.sin() + x.cos())
+        assert torch.get_num_threads() == 2, "the caller's setting is restored after the call"
+    finally:
+        torch.set_num_threads(before)
+    threads = {tag: n for tag, _, n in probe_ops.SEEN}
+    assert threads == {"before": 2, "side": 1, "beside": 1, "after": 2}
+    # Small tensors: no op's threads matter, nothing to switch, the OpenMP team runs the call
+    torch.compiler.reset()  # static shapes again (a second shape would make them symbolic)
+    small, backend = compile_model(_Window(), airstream.CompilerConfig())
+    small(torch.randn(8))
+    executor = graph_of(backend, "inference").executor
+    assert executor.thread_plan == {}

@@ -37,7 +37,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         ),
     ),
     # the planner: what a placement costs in syncs is its answer, which the automatic passes ask
-    ("planner", frozenset({"schedule.deps", "schedule.plan"})),
+    ("planner", frozenset({"schedule.deps", "schedule.plan", "schedule.overlap"})),
     ("passes", frozenset({"passes"})),
     ("schedule", frozenset({"schedule"})),
     ("runtime", frozenset({"runtime"})),

@@ -18,6 +18,7 @@ import airstream
 import airstream.schedule.fuse as inductor_runtime
 from airstream.effects import fusible
 from airstream.nodes import segment_of
+from airstream.schedule import overlap
 from airstream.schedule.plan import Record, Wait
 from plan_checks import simulate
 
@@ -60,7 +61,10 @@ def _reference_plan(model: torch.nn.Module, *inputs: torch.Tensor):
     return graph_of(backend, "inference")
 
 
-def test_segments_never_span_a_stream_or_a_sync_and_match_eager() -> None:
+def test_segments_never_span_a_stream_or_a_sync_and_match_eager(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(overlap, "THREADED_NUMEL", 0)  # every op's threads matter here
     torch.manual_seed(0)
     model = Branches()
     x, buf = torch.randn(8, 32), torch.zeros(8, 32)
@@ -99,6 +103,13 @@ def test_segments_never_span_a_stream_or_a_sync_and_match_eager() -> None:
     # the mutation of the input is inside a compiled segment
     fused = {n for s in graph.segments for n in s.segment.nodes}
     assert any(n.startswith("copy_") for n in fused)
+    # kernels beside the other stream use threads_per_stream (1); after the join, every thread
+    assert {s.segment.name: s.threads for s in graph.segments} == {
+        "segment_main_0": 1,
+        "segment_side_0": 1,
+        "segment_main_1": 0,
+    }
+    assert "(1 thread)" in graph.segments[0].describe()
 
 
 def test_kernels_run_on_their_streams_in_the_profile() -> None:

@@ -83,7 +83,7 @@ def test_no_cpp_compiler_falls_back_with_one_warning_saying_what_to_do(
         assert modes.resolve_mode(airstream.CompilerConfig(), "cpu") == "reduce-overhead"
     with pytest.warns() as seen:  # decided once per process: no second warning
         assert modes.resolve_mode(airstream.CompilerConfig(), "cpu") == "reduce-overhead"
-        warnings.warn("the only one", UserWarning)
+        warnings.warn("the only one", UserWarning, stacklevel=1)
     assert [str(w.message) for w in seen] == ["the only one"]
 
 

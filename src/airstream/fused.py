@@ -46,6 +46,8 @@ class CompiledSegment:
             as an earlier segment of this graph), ``fallback``, or ``unknown`` (compiled; this
             torch does not say whether its cache hit).
         fallback: Inductor's error when the segment runs as aten code, else ``""``.
+        threads: the intra-op threads its CPU kernels were generated for (0: as many as torch
+            uses when they run; ``threads_per_stream`` where it may run beside another stream).
     """
 
     segment: Segment
@@ -54,6 +56,7 @@ class CompiledSegment:
     compile_s: float
     cache: str
     fallback: str = ""
+    threads: int = 0
 
     def describe(self) -> str:
         """One line: the segment, what it fused, its kernels."""
@@ -61,4 +64,5 @@ class CompiledSegment:
         if self.node is None:
             return f"{self.segment.name} (aten fallback: {self.fallback}) [{fused}]"
         kernels = ", ".join(self.kernels) or "no kernels"
-        return f"{self.segment.name}: {kernels} [fused {fused}]"
+        threads = f" ({self.threads} thread{'s' * (self.threads > 1)})" if self.threads else ""
+        return f"{self.segment.name}{threads}: {kernels} [fused {fused}]"

@@ -57,7 +57,8 @@ def _cpu_compiler_missing() -> str | None:
 
 def resolve_mode(config: CompilerConfig, device_type: str) -> str:
     """The mode a graph on ``device_type`` (``"cpu"``, ``"cuda"``) compiles in under ``config``:
-    its ``mode`` when set, else ``$AIRSTREAM_MODE``, else the device's default (module docstring)."""
+    its ``mode`` when set, else ``$AIRSTREAM_MODE``, else the device's default (see the module
+    docstring)."""
     mode = str(config.mode)
     if mode != "default":
         return mode

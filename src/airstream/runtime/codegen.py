@@ -120,6 +120,9 @@ class Hooks:
     def switch(self, b: Builder, label: Label) -> None:
         """The steps that follow run on stream ``label``."""
 
+    def before_op(self, b: Builder, label: Label, node: torch.fx.Node) -> None:
+        """``node``'s op is about to be issued on ``label``."""
+
     def record(self, b: Builder, label: Label, event: int) -> None:
         """``label`` reached event ``event``."""
 
@@ -272,6 +275,7 @@ def generate(
                 if current[0] != on:  # switch streams only to issue an op
                     hooks.switch(b, on)
                     current[0] = on
+                hooks.before_op(b, on, node)
 
                 def read(n: torch.fx.Node, on: Label = on) -> torch.fx.Node:
                     return value(n, on)

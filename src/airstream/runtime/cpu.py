@@ -3,7 +3,13 @@
 Every stream runs with ``stream_config.threads_per_stream`` intra-op threads, the calling thread
 included for the duration of the call (its own setting is restored afterwards): OpenMP's
 per-thread count and, on worker threads, MKL's (which OpenMP's does not reach outside a
-parallel region; inside the caller's OpenMP team MKL runs on one thread by itself).
+parallel region; inside the caller's OpenMP team MKL runs on one thread by itself). The main
+stream's steps that no other stream's step can overlap (``schedule/overlap.py``: before the first
+fork, between a join and the next fork, after the last join) run with every thread the caller
+had: its generated code switches the count where a run of such steps starts and ends, so a graph
+with a small parallel window gives up the cores only inside it. Such a graph runs its side
+streams on worker threads; the caller's OpenMP team (below) serves a graph whose main stream is
+never alone, since inside the team every op runs on one thread.
 
 Every stream's steps become one generated function (``runtime/codegen.py``): a record sets a
 per-call event, a wait waits for it. Events are spinning flags (``runtime/handoff.py``: a waiter
@@ -27,7 +33,7 @@ from __future__ import annotations
 
 import operator
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -49,6 +55,7 @@ from airstream.runtime.events import Aborted, CallState, Events
 from airstream.runtime.handoff import flag_type, team_runner
 from airstream.runtime.trace import CallTrace, tracing_wanted
 from airstream.runtime.workers import StreamWorker, submit_all, worker_for
+from airstream.schedule.overlap import overlapping_runs, uses_threads
 from airstream.schedule.plan import Record, StreamPlan, StreamSteps
 from airstream.torch_internals import mkl_thread_setter, require, set_grad_enabled
 
@@ -92,12 +99,50 @@ class _Handover:
                 self.readers[node] = list(readers)
 
 
+def _thread_plan(plan: StreamPlan) -> dict[torch.fx.Node, bool]:
+    """For each main-stream op whose threads matter: True if it runs alone (every thread the
+    caller has), False if another stream's step may overlap it (``threads_per_stream``). Empty
+    when no such op runs alone: then the main stream keeps its shared count throughout."""
+    overlapping = overlapping_runs(plan)
+    wants = {n: n not in overlapping for n in plan.stream(None).runs if uses_threads(n)}
+    return wants if any(wants.values()) else {}
+
+
+def _thread_switch(shared: int, mkl: Callable[[int], int] | None) -> Callable[[Any, bool], None]:
+    """``switch(state, alone)``: the calling thread's intra-op threads (OpenMP's and MKL's) for
+    the steps that follow: the call's caller's count if they run alone, else ``shared``."""
+
+    def use_threads(state: CallState, alone: bool) -> None:
+        threads = state.caller_threads if alone else shared
+        set_intra_op_threads(threads)
+        if mkl is not None:
+            mkl(threads)
+
+    return use_threads
+
+
 class _StreamHooks(Hooks):
     params = ("slots", "events", "state")
 
-    def __init__(self, handover: _Handover, flags: bool) -> None:
+    def __init__(
+        self,
+        handover: _Handover,
+        flags: bool,
+        threads: Mapping[torch.fx.Node, bool] | None = None,
+        switch: Callable[[Any, bool], None] | None = None,
+    ) -> None:
         self.handover = handover
         self.flags = flags
+        self.threads = threads or {}  # main-stream op -> runs alone (see _thread_plan)
+        self.use_threads = switch
+        self._alone_now = False  # the call starts the main stream on its shared threads
+
+    def before_op(self, b: Builder, label: Label, node: torch.fx.Node) -> None:
+        alone = self.threads.get(node) if label is None else None
+        if alone is None or self.use_threads is None or alone == self._alone_now:
+            return  # an op whose threads do not matter runs on whatever count is set
+        b.call(self.use_threads, b.params["state"], alone)  # at most once per window edge
+        self._alone_now = alone
 
     def record(self, b: Builder, label: Label, event: int) -> None:
         trace = b.trace(label)
@@ -150,6 +195,8 @@ class _Stream:
         handover: _Handover,
         main: bool,
         flags: bool,
+        threads: Mapping[torch.fx.Node, bool] | None = None,
+        switch: Callable[[Any, bool], None] | None = None,
     ) -> None:
         self.label = program.label
         steps = [(program.label, step) for step in program.steps]
@@ -166,7 +213,7 @@ class _Stream:
                 gm,
                 steps if traced else plain,
                 inputs=own,
-                hooks=_StreamHooks(handover, flags),
+                hooks=_StreamHooks(handover, flags, threads, switch),
                 returns=main,
                 traced=traced,
                 name=name,
@@ -196,25 +243,29 @@ class CpuExecutor:
         self.release_openmp_threads = release_openmp_threads
         self._events = Events(flag_type())
         flags = self._events.flag is not None
-        # One thread per stream on the caller's OpenMP team, where streams run one intra-op
-        # thread each (inside a parallel region every torch op runs on its one thread).
-        wanted = openmp_team and flags and threads_per_stream == 1
-        team = team_runner() if wanted else None
         handover = _Handover(gm, plan)
         self._num_slots = len(handover.slot)
         self._num_events = max((s.event for s in plan.syncs), default=-1) + 1
-        self.main = _Stream(gm, plan.stream(None), handover, main=True, flags=flags)
-        self.sides: tuple[tuple[StreamWorker, _Stream], ...] = tuple(
-            (worker_for(str(s.label)), _Stream(gm, s, handover, main=False, flags=flags))
-            for s in plan.side_streams
-            if s.runs
-        )
-        self._team = team if self.sides else None
+        sides = [s for s in plan.side_streams if s.runs]
         # MKL's own per-thread count, for the worker-thread path
         self._mkl = None
-        if self.sides:
+        if sides:
             require("cpu-streams")
             self._mkl = mkl_thread_setter()
+        # The main stream's ops no other stream can overlap get the caller's threads back.
+        self.thread_plan = _thread_plan(plan) if sides else {}
+        switch = _thread_switch(threads_per_stream, self._mkl) if self.thread_plan else None
+        # One thread per stream on the caller's OpenMP team, where streams run one intra-op
+        # thread each (inside a parallel region every torch op runs on its one thread) and the
+        # main stream has no step to run alone on more.
+        wanted = openmp_team and flags and threads_per_stream == 1 and switch is None
+        team = team_runner() if wanted else None
+        self.main = _Stream(gm, plan.stream(None), handover, True, flags, self.thread_plan, switch)
+        self.sides: tuple[tuple[StreamWorker, _Stream], ...] = tuple(
+            (worker_for(str(s.label)), _Stream(gm, s, handover, main=False, flags=flags))
+            for s in sides
+        )
+        self._team = team if self.sides else None
 
     @property
     def code(self) -> str:
@@ -282,7 +333,8 @@ class CpuExecutor:
             trace = CallTrace()  # its clock starts once the traced code exists
         kind = self._events
         events = [kind.new() for _ in range(self._num_events)]
-        state = CallState(events, kind)
+        caller_threads = torch.get_num_threads()
+        state = CallState(events, kind, caller_threads)
         slots: list[Any] = [None] * self._num_slots
         grad = torch.is_grad_enabled()
         done = [kind.new() for _ in self.sides]
@@ -313,7 +365,6 @@ class CpuExecutor:
                 for i, (_, code, inputs, final) in enumerate(sides)
             ]
 
-        caller_threads = torch.get_num_threads()
         ran = None
         # A team no larger than the one the caller's own torch ops use: a larger one would
         # leave OpenMP managing more threads than it has cores, which throttles its spinning

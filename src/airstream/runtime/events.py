@@ -75,11 +75,13 @@ class Events:
 
 
 class CallState:
-    """One call's events and whether (where, with what error) it failed."""
+    """One call's events, whether (where, with what error) it failed, and the intra-op threads
+    its caller had (``caller_threads``: what a step running alone gets back)."""
 
-    __slots__ = ("error", "events", "failed", "guard", "kind", "where")
+    __slots__ = ("caller_threads", "error", "events", "failed", "guard", "kind", "where")
 
-    def __init__(self, events: list[Any], kind: Events) -> None:
+    def __init__(self, events: list[Any], kind: Events, caller_threads: int = 1) -> None:
+        self.caller_threads = caller_threads
         self.failed = False
         self.error: BaseException | None = None
         self.where = ""

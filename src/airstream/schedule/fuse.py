@@ -17,8 +17,9 @@ graph from scratch (``airstream.effects``).
 A segment Inductor cannot compile runs as the aten code it was, with one warning naming the
 segment, its nodes and Inductor's error (``CompiledGraph.fallbacks`` counts them);
 ``debug.strict_max_autotune`` makes that a PassError.
-With side streams, kernels are generated for ``stream_config.threads_per_stream`` threads, the
-intra-op threads each stream runs with.
+A segment that may run beside another stream's work gets kernels for
+``stream_config.threads_per_stream`` threads, the intra-op threads each stream runs with there;
+a segment that runs alone (``schedule/overlap.py``), kernels for every thread torch uses.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from airstream.effects import EFFECTS_KEY, summarize
 from airstream.errors import PassError, TorchSupportError
 from airstream.fused import CompiledSegment, Segment
 from airstream.nodes import SEGMENT_KEY
+from airstream.schedule.overlap import overlapping_runs
 from airstream.schedule.plan import StreamPlan
 from airstream.schedule.segments import find_segments
 
@@ -268,12 +270,13 @@ def compile_segments(
     segments: Sequence[Segment],
     *,
     graph_kind: str,
-    threads: int = 0,
+    threads: Callable[[Segment], int] = lambda segment: 0,
     strict: bool = False,
 ) -> list[CompiledSegment]:
     """Compile every segment and rewrite ``gm`` in place; return what became of each.
 
-    ``threads`` > 0 fixes the intra-op threads of generated CPU kernels.
+    ``threads(segment)`` > 0 fixes the intra-op threads of that segment's CPU kernels (0: as
+    many as torch uses when the kernel runs).
     """
     torch_internals.require("max-autotune")  # a torch without them is an error, not a fallback
     results: list[CompiledSegment] = []
@@ -283,7 +286,8 @@ def compile_segments(
         try:
             sub, inputs, outputs = segment_module(gm, segment)
             fakes = [n.meta.get("val") for n in inputs]
-            key = _key(sub, fakes)
+            count = threads(segment)
+            key = (_key(sub, fakes), count)
             if key in shared:
                 compiled, kernels = shared[key]
                 cache = "shared"
@@ -291,7 +295,7 @@ def compile_segments(
                 fake_mode = torch_internals.detect_fake_mode(fakes)
                 if fake_mode is None:
                     raise RuntimeError("no fake tensor metadata on the segment's inputs")
-                compiled, kernels, cache = _compile(sub, fakes, fake_mode, graph_kind, threads)
+                compiled, kernels, cache = _compile(sub, fakes, fake_mode, graph_kind, count)
                 shared[key] = (compiled, kernels)
         except TorchSupportError:
             raise
@@ -316,7 +320,7 @@ def compile_segments(
             continue
         seconds = time.perf_counter() - start if cache != "shared" else 0.0
         fused, _ = _rewrite(gm, segment, inputs, outputs, _runner(compiled, segment.name))
-        result = CompiledSegment(segment, fused.name, kernels, seconds, cache)
+        result = CompiledSegment(segment, fused.name, kernels, seconds, cache, threads=count)
         fused.meta[SEGMENT_KEY] = result
         results.append(result)
     gm.graph.lint()
@@ -334,15 +338,13 @@ def fuse_streams(
 ) -> tuple[CompiledSegment, ...]:
     """max-autotune on a planned graph: find each stream's segments in ``plan``, compile them and
     rewrite ``gm`` in place; return what became of each segment. The caller plans the rewritten
-    graph again (each fused node carries its members' effects). With side streams, CPU kernels
-    use ``threads_per_stream`` threads."""
+    graph again (each fused node carries its members' effects). A segment that may run beside
+    another stream's work gets CPU kernels for ``threads_per_stream`` threads; one that runs
+    alone (``schedule/overlap.py``), for every thread torch uses, as the runtime runs it."""
     found = find_segments(plan, min_ops)
-    multi = any(s.runs for s in plan.side_streams)
-    compiled = compile_segments(
-        gm,
-        found,
-        graph_kind=graph_kind,
-        threads=threads_per_stream if multi else 0,
-        strict=strict,
-    )
-    return tuple(compiled)
+    overlapping = overlapping_runs(plan)
+
+    def threads(segment: Segment) -> int:
+        return threads_per_stream if any(n in overlapping for n in segment.members) else 0
+
+    return tuple(compile_segments(gm, found, graph_kind=graph_kind, threads=threads, strict=strict))

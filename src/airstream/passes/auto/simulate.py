@@ -1,12 +1,16 @@
 """Predicted time of a graph on streams: list scheduling and the simulation of a fixed plan.
 
 Both use one machine's figures (:class:`airstream.calibration.MachineCosts`): a sync costs
-``sync_seconds``; on more than one stream every matrix multiply takes ``thread_slowdown`` times
-its one-stream time (each stream runs one intra-op thread), and each node takes longer for the
-part of it that runs while another stream works beside it, by the measured slowdowns of matrix
-multiplies and host work (dispatch, small ops) beside each other (the larger of the two for a
-matrix multiply). The side streams' fixed per-call cost is added by the caller, once per
-stream used.
+``sync_seconds``. An op's time is its work (its cost beyond dispatch: a matrix multiply's, a
+custom op's, any kernel's) and its host part (dispatch). Work on a side stream, or on the main
+stream while another stream works beside it, takes ``thread_slowdown`` times its one-stream time
+(it runs on one intra-op thread; the runtime gives the main stream every thread back where it
+runs alone: ``schedule/overlap.py``). Each part also takes longer for the time another stream
+works beside it, by the measured slowdowns of work and host parts beside each other (the larger
+of that and the thread slowdown for work; the figures were measured on matrix multiplies).
+Overlap here is the simulated timing's, where the runtime's threads follow the plan's order: a
+main-stream node the plan lets overlap but the timing does not is priced on every thread. The
+side streams' fixed per-call cost is added by the caller, once per stream used.
 
 Which syncs a placement needs is the planner's answer (``pricing.Pricer``: data, mutation, RNG
 and collective order, less the waits earlier waits imply), given to :func:`makespan` as
@@ -28,11 +32,6 @@ from airstream.calibration import MachineCosts
 __all__ = ["makespan", "schedule"]
 
 Node = torch.fx.Node
-
-_aten = torch.ops.aten
-MATMULS = frozenset(
-    {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default}
-)
 
 
 def _upward_rank(nodes: Sequence[Node], cost: dict[Node, float]) -> dict[Node, float]:
@@ -115,15 +114,13 @@ def _slowed(
     times: dict[Node, tuple[float, float]],
     costs: MachineCosts,
 ) -> dict[Node, float]:
-    """Costs stretched for what other streams do beside each node. A node's time is matrix
-    multiply work (a matmul's cost beyond dispatch) and host work (the rest: dispatch, small ops);
-    each part is slowed by the measured slowdown for the share of time another stream spends on
-    each kind beside it: matmul beside matmul (memory bandwidth), matmul beside host work (on one
-    core: the core), host beside host (the GIL)."""
-    matmul = {
-        n: max(c - costs.dispatch_seconds, 0.0) if n.target in MATMULS else 0.0
-        for n, c in cost.items()
-    }
+    """Costs stretched for what other streams do beside each node. A node's time is work (its
+    cost beyond dispatch: the kernel reading, writing and computing, whatever op it is; a
+    matrix multiply's, a custom op's) and host work (dispatch); each part is slowed by the
+    measured slowdown for the share of time another stream spends on each kind beside it: work
+    beside work (memory bandwidth and cores; measured on matrix multiplies), work beside host
+    work (on one core: the core), host beside host (the GIL)."""
+    matmul = {n: max(c - costs.dispatch_seconds, 0.0) for n, c in cost.items()}
     busy: dict[int, list[tuple[float, float, float]]] = {}
     for node, (start, end) in times.items():
         if end > start and cost[node] > 0:
@@ -142,6 +139,8 @@ def _slowed(
             if s != mine:
                 m, h = _beside(ivs, starts[s], start, end)
                 m_beside, h_beside = m_beside + m, h_beside + h
+        # one thread on a side stream, and on the main stream beside another stream's work
+        thread = costs.thread_slowdown if mine != 0 or m_beside + h_beside > 0 else 1.0
         m_frac = min(m_beside / (end - start), 1.0)
         h_frac = min(h_beside / (end - start), 1.0 - m_frac)
         host = cost[node] - matmul[node]
@@ -150,19 +149,22 @@ def _slowed(
         )
         slowed[node] = (
             host
-            + matmul[node] * max(costs.thread_slowdown, beside)
+            + matmul[node] * max(thread, beside)
             + host * ((costs.mixed_slowdown - 1.0) * m_frac + (costs.host_slowdown - 1.0) * h_frac)
         )
     return slowed
 
 
-def _threaded(cost: dict[Node, float], costs: MachineCosts) -> dict[Node, float]:
-    """Costs on more than one stream before any overlap: matrix multiplies on one thread."""
+def _threaded(
+    cost: dict[Node, float], where: dict[Node, int], costs: MachineCosts
+) -> dict[Node, float]:
+    """Costs on more than one stream before any overlap is known: a side stream's work on one
+    thread (the main stream's are charged once they overlap, in ``_slowed``)."""
     if costs.thread_slowdown <= 1.0:
         return cost
     return {
         n: c + (max(c - costs.dispatch_seconds, 0.0) * (costs.thread_slowdown - 1.0))
-        if n.target in MATMULS
+        if where.get(n, 0) != 0
         else c
         for n, c in cost.items()
     }
@@ -180,7 +182,9 @@ def makespan(
     (``pricing.Pricer.waits``; None: one per input from another stream)."""
     sync = costs.sync_seconds
     streams = len({where.get(n, 0) for n in order})
-    times = _times(order, _threaded(cost, costs) if streams > 1 else cost, where, sync, waits)
+    times = _times(
+        order, _threaded(cost, where, costs) if streams > 1 else cost, where, sync, waits
+    )
     slowdowns = (
         costs.overlap_slowdown,
         costs.mixed_slowdown,
