@@ -302,43 +302,68 @@ def test_worker_streams_give_mkl_their_thread_count_and_the_caller_gets_its_own_
 
 
 class _Window(torch.nn.Module):
-    """A big op before the fork and one after the join (alone), two beside each other."""
+    """A big op before the fork and one after the join (alone); two on each stream between."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = probe(x, "before")
         with airstream.stream("s1"):
-            s = probe(a.sin(), "side")
-        m = probe(a.cos(), "beside")
+            s = probe(probe(a.sin(), "side"), "side2")
+        m = probe(probe(a.cos(), "first"), "beside")
         return probe(s + m, "after")
 
 
-def test_the_main_stream_gets_every_thread_back_where_it_runs_alone() -> None:
-    """Only the window where the side stream may run shares the cores: before the fork and
-    after the join the main stream's ops run on the caller's threads (schedule/overlap.py)."""
-    probe_ops.SEEN.clear()
+def test_the_main_stream_gets_every_thread_back_where_no_other_stream_works() -> None:
+    """Before the fork and after the join the main stream's ops run on the caller's threads
+    (schedule/overlap.py); between them, on one thread while the side stream works."""
     compiled, backend = compile_model(_Window(), airstream.CompilerConfig())
     x = torch.randn(256, 256)  # big enough for intra-op threads to matter
     compiled(x)
     executor = graph_of(backend, "inference").executor
     assert isinstance(executor, CpuExecutor) and executor.side_threads == "workers"
-    assert {n.name: alone for n, alone in executor.thread_plan.items() if "probe" in n.name} == {
-        "probe": True,
-        "probe_2": False,
-        "probe_3": True,
-    }
+    alone = {n.name: a for n, a in executor.thread_plan.items() if n.name.startswith("probe")}
+    assert alone == {"probe": True, "probe_3": False, "probe_4": False, "probe_5": True}
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         probe_ops.SEEN.clear()
+        # side meets first, then side2 meets beside: the side stream works (inside its ops,
+        # between two barriers) when the main stream asks before beside
+        probe_ops.BARRIERS.update(
+            side=(one := threading.Barrier(2, timeout=20)),
+            first=one,
+            side2=(two := threading.Barrier(2, timeout=20)),
+            beside=two,
+        )
         assert_same(compiled(x), x.sin() + x.cos())
         assert torch.get_num_threads() == 2, "the caller's setting is restored after the call"
     finally:
         torch.set_num_threads(before)
+        probe_ops.BARRIERS.clear()
     threads = {tag: n for tag, _, n in probe_ops.SEEN}
-    assert threads == {"before": 2, "side": 1, "beside": 1, "after": 2}
+    assert threads.pop("first") in (1, 2)  # the side stream may not have started yet
+    assert threads == {"before": 2, "side": 1, "side2": 1, "beside": 1, "after": 2}
     # Small tensors: no op's threads matter, nothing to switch, the OpenMP team runs the call
     torch.compiler.reset()  # static shapes again (a second shape would make them symbolic)
     small, backend = compile_model(_Window(), airstream.CompilerConfig())
     small(torch.randn(8))
-    executor = graph_of(backend, "inference").executor
-    assert executor.thread_plan == {}
+    assert graph_of(backend, "inference").executor.thread_plan == {}
+
+
+def test_an_op_beside_a_side_stream_takes_every_thread_when_none_works() -> None:
+    from airstream.runtime.cpu import _Threads
+    from airstream.runtime.events import CallState, Events
+
+    state = CallState([], Events(None), caller_threads=2, sides=2)
+    used: list[int] = []
+    threads = _Threads(1, used.append)  # records MKL's count as it is set
+    before = torch.get_num_threads()
+    try:
+        threads.now(state)  # both side streams start out working
+        state.working[0] = False
+        threads.now(state)  # one still works
+        state.working[1] = False
+        threads.now(state)  # none works: every thread
+        threads.alone(state)  # already there: nothing to set
+        assert used == [1, 2] and state.threads_now == 2
+    finally:
+        torch.set_num_threads(before)

@@ -57,6 +57,7 @@ __all__ = [
     "fusible",
     "inplace_variant",
     "is_executed",
+    "is_matmul",
     "mergeable",
     "summarize",
     "written_arguments",
@@ -289,6 +290,17 @@ def _is_tensor_value(val: object) -> bool:
     if isinstance(val, list | tuple):
         return len(val) > 0 and all(isinstance(v, torch.Tensor) for v in val)
     return False
+
+
+MATMULS = frozenset(
+    {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default}
+)
+"""Matrix multiplies: BLAS calls (Inductor calls them as extern kernels on CPU, not fused)."""
+
+
+def is_matmul(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is a matrix multiply (:data:`MATMULS`)."""
+    return node.op == "call_function" and node.target in MATMULS
 
 
 def fusible(node: torch.fx.Node, inside: set[torch.fx.Node] | frozenset[torch.fx.Node]) -> bool:

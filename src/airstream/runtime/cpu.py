@@ -101,24 +101,43 @@ class _Handover:
 
 def _thread_plan(plan: StreamPlan) -> dict[torch.fx.Node, bool]:
     """For each main-stream op whose threads matter: True if it runs alone (every thread the
-    caller has), False if another stream's step may overlap it (``threads_per_stream``). Empty
-    when no such op runs alone: then the main stream keeps its shared count throughout."""
+    caller has), False if another stream's work may overlap it (it asks at run time whether one
+    is working: if none is, every thread; else ``threads_per_stream``)."""
     overlapping = overlapping_runs(plan)
-    wants = {n: n not in overlapping for n in plan.stream(None).runs if uses_threads(n)}
-    return wants if any(wants.values()) else {}
+    return {n: n not in overlapping for n in plan.stream(None).runs if uses_threads(n)}
 
 
-def _thread_switch(shared: int, mkl: Callable[[int], int] | None) -> Callable[[Any, bool], None]:
-    """``switch(state, alone)``: the calling thread's intra-op threads (OpenMP's and MKL's) for
-    the steps that follow: the call's caller's count if they run alone, else ``shared``."""
+class _Threads:
+    """The calling thread's intra-op threads (OpenMP's and MKL's) as the main stream goes:
+    ``alone`` before a run of ops no other stream's work can overlap; ``now`` before each op
+    another stream's work may overlap, by whether a side stream is working at that moment (a
+    side stream is working from its start, or the return of one of its waits, to its next wait
+    or its end). ``shared``: the count while another stream works."""
 
-    def use_threads(state: CallState, alone: bool) -> None:
-        threads = state.caller_threads if alone else shared
-        set_intra_op_threads(threads)
-        if mkl is not None:
-            mkl(threads)
+    def __init__(self, shared: int, mkl: Callable[[int], int] | None) -> None:
+        self.shared = shared
+        self.mkl = mkl
 
-    return use_threads
+    def _use(self, state: CallState, threads: int) -> None:
+        if state.threads_now != threads:
+            set_intra_op_threads(threads)
+            if self.mkl is not None:
+                self.mkl(threads)
+            state.threads_now = threads
+
+    def alone(self, state: CallState) -> None:
+        self._use(state, state.caller_threads)
+
+    def now(self, state: CallState) -> None:
+        self._use(state, self.shared if any(state.working) else state.caller_threads)
+
+
+def _idle(state: CallState, side: int) -> None:
+    state.working[side] = False
+
+
+def _working(state: CallState, side: int) -> None:
+    state.working[side] = True
 
 
 class _StreamHooks(Hooks):
@@ -128,21 +147,28 @@ class _StreamHooks(Hooks):
         self,
         handover: _Handover,
         flags: bool,
-        threads: Mapping[torch.fx.Node, bool] | None = None,
-        switch: Callable[[Any, bool], None] | None = None,
+        threads: _Threads | None = None,
+        plan: Mapping[torch.fx.Node, bool] | None = None,
+        side: int | None = None,
     ) -> None:
         self.handover = handover
         self.flags = flags
-        self.threads = threads or {}  # main-stream op -> runs alone (see _thread_plan)
-        self.use_threads = switch
-        self._alone_now = False  # the call starts the main stream on its shared threads
+        self.threads = threads  # None: every stream keeps threads_per_stream for the call
+        self.plan = plan or {}  # main-stream op -> runs alone (see _thread_plan)
+        self.side = side  # a side stream's index in the call's ``working`` flags
+        self._alone = False  # the call starts the main stream on its shared threads
 
     def before_op(self, b: Builder, label: Label, node: torch.fx.Node) -> None:
-        alone = self.threads.get(node) if label is None else None
-        if alone is None or self.use_threads is None or alone == self._alone_now:
+        alone = self.plan.get(node) if label is None else None
+        if alone is None or self.threads is None:
             return  # an op whose threads do not matter runs on whatever count is set
-        b.call(self.use_threads, b.params["state"], alone)  # at most once per window edge
-        self._alone_now = alone
+        if alone:
+            if not self._alone:  # once per run of such ops
+                b.call(self.threads.alone, b.params["state"])
+                self._alone = True
+        else:
+            b.call(self.threads.now, b.params["state"])
+            self._alone = False
 
     def record(self, b: Builder, label: Label, event: int) -> None:
         trace = b.trace(label)
@@ -155,12 +181,17 @@ class _StreamHooks(Hooks):
     def wait(self, b: Builder, label: Label, event: int) -> None:
         trace = b.trace(label)
         events, state = b.params["events"], b.params["state"]
+        counted = self.threads is not None and self.side is not None
+        if counted:  # the main stream may take every thread while this one waits
+            b.call(_idle, state, self.side)
         if trace is None:
             b.call(ev.wait_flag if self.flags else ev.wait, events, event, state)
         else:
             b.call(
                 ev.wait_flag_traced if self.flags else ev.wait_traced, events, event, state, trace
             )
+        if counted:
+            b.call(_working, state, self.side)
 
     def fetch(self, b: Builder, node: torch.fx.Node, label: Label) -> torch.fx.Node:
         return b.call(_take, b.params["slots"], self.handover.slot[(node, label)])
@@ -195,8 +226,9 @@ class _Stream:
         handover: _Handover,
         main: bool,
         flags: bool,
-        threads: Mapping[torch.fx.Node, bool] | None = None,
-        switch: Callable[[Any, bool], None] | None = None,
+        threads: _Threads | None = None,
+        plan: Mapping[torch.fx.Node, bool] | None = None,
+        side: int | None = None,
     ) -> None:
         self.label = program.label
         steps = [(program.label, step) for step in program.steps]
@@ -213,7 +245,7 @@ class _Stream:
                 gm,
                 steps if traced else plain,
                 inputs=own,
-                hooks=_StreamHooks(handover, flags, threads, switch),
+                hooks=_StreamHooks(handover, flags, threads, plan, side),
                 returns=main,
                 traced=traced,
                 name=name,
@@ -252,18 +284,18 @@ class CpuExecutor:
         if sides:
             require("cpu-streams")
             self._mkl = mkl_thread_setter()
-        # The main stream's ops no other stream can overlap get the caller's threads back.
+        # The main stream's ops get the caller's threads back where no other stream works.
         self.thread_plan = _thread_plan(plan) if sides else {}
-        switch = _thread_switch(threads_per_stream, self._mkl) if self.thread_plan else None
+        threads = _Threads(threads_per_stream, self._mkl) if self.thread_plan else None
         # One thread per stream on the caller's OpenMP team, where streams run one intra-op
         # thread each (inside a parallel region every torch op runs on its one thread) and the
         # main stream has no step to run alone on more.
-        wanted = openmp_team and flags and threads_per_stream == 1 and switch is None
+        wanted = openmp_team and flags and threads_per_stream == 1 and threads is None
         team = team_runner() if wanted else None
-        self.main = _Stream(gm, plan.stream(None), handover, True, flags, self.thread_plan, switch)
+        self.main = _Stream(gm, plan.stream(None), handover, True, flags, threads, self.thread_plan)
         self.sides: tuple[tuple[StreamWorker, _Stream], ...] = tuple(
-            (worker_for(str(s.label)), _Stream(gm, s, handover, main=False, flags=flags))
-            for s in sides
+            (worker_for(str(s.label)), _Stream(gm, s, handover, False, flags, threads, side=i))
+            for i, s in enumerate(sides)
         )
         self._team = team if self.sides else None
 
@@ -291,6 +323,7 @@ class CpuExecutor:
         trace: CallTrace | None,
         final: Any,
         threads: int | None,
+        side: int,
     ) -> Callable[[], Any]:
         """The side stream's job for one call; it returns ``final`` (the event of its last
         record, left out of its code) for its thread to set after letting go of the GIL.
@@ -319,6 +352,7 @@ class CpuExecutor:
             except BaseException as error:  # handed to the caller
                 state.fail(error, code.locate(error))
             finally:
+                state.working[side] = False  # the main stream may take every thread now
                 kind.set(done)
             return final
 
@@ -334,7 +368,7 @@ class CpuExecutor:
         kind = self._events
         events = [kind.new() for _ in range(self._num_events)]
         caller_threads = torch.get_num_threads()
-        state = CallState(events, kind, caller_threads)
+        state = CallState(events, kind, caller_threads, len(self.sides))
         slots: list[Any] = [None] * self._num_slots
         grad = torch.is_grad_enabled()
         done = [kind.new() for _ in self.sides]
@@ -361,7 +395,7 @@ class CpuExecutor:
 
         def jobs(threads: int | None) -> list[Callable[[], Any]]:
             return [
-                self._job(code, inputs, slots, state, done[i], grad, trace, final, threads)
+                self._job(code, inputs, slots, state, done[i], grad, trace, final, threads, i)
                 for i, (_, code, inputs, final) in enumerate(sides)
             ]
 
@@ -388,6 +422,7 @@ class CpuExecutor:
             # intra-op threads during the call (oversubscribing the cores costs more than
             # streams gain).
             set_intra_op_threads(self.threads_per_stream)
+            state.threads_now = self.threads_per_stream
             mkl = self._mkl
             previous = mkl(self.threads_per_stream) if mkl is not None else 0
             try:

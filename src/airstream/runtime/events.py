@@ -75,13 +75,29 @@ class Events:
 
 
 class CallState:
-    """One call's events, whether (where, with what error) it failed, and the intra-op threads
-    its caller had (``caller_threads``: what a step running alone gets back)."""
+    """One call's events, whether (where, with what error) it failed, and its threads: the
+    intra-op threads its caller had (``caller_threads``: what the main stream gets back where
+    no other stream works), the main stream's count now (``threads_now``) and whether each side
+    stream is working (``working``: not in a wait, not finished)."""
 
-    __slots__ = ("caller_threads", "error", "events", "failed", "guard", "kind", "where")
+    __slots__ = (
+        "caller_threads",
+        "error",
+        "events",
+        "failed",
+        "guard",
+        "kind",
+        "threads_now",
+        "where",
+        "working",
+    )
 
-    def __init__(self, events: list[Any], kind: Events, caller_threads: int = 1) -> None:
+    def __init__(
+        self, events: list[Any], kind: Events, caller_threads: int = 1, sides: int = 0
+    ) -> None:
         self.caller_threads = caller_threads
+        self.threads_now = caller_threads
+        self.working = [True] * sides
         self.failed = False
         self.error: BaseException | None = None
         self.where = ""

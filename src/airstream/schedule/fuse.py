@@ -19,7 +19,9 @@ segment, its nodes and Inductor's error (``CompiledGraph.fallbacks`` counts them
 ``debug.strict_max_autotune`` makes that a PassError.
 A segment that may run beside another stream's work gets kernels for
 ``stream_config.threads_per_stream`` threads, the intra-op threads each stream runs with there;
-a segment that runs alone (``schedule/overlap.py``), kernels for every thread torch uses.
+a segment that runs alone (``schedule/overlap.py``), kernels for every thread torch uses. On the
+main stream, a matrix multiply beside another stream stays an aten call of its own, so the
+runtime can give it every thread whenever the other streams are waiting.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import torch
 import torch.fx
 
 from airstream import torch_internals
-from airstream.effects import EFFECTS_KEY, summarize
+from airstream.effects import EFFECTS_KEY, is_matmul, summarize
 from airstream.errors import PassError, TorchSupportError
 from airstream.fused import CompiledSegment, Segment
 from airstream.nodes import SEGMENT_KEY
@@ -341,8 +343,14 @@ def fuse_streams(
     graph again (each fused node carries its members' effects). A segment that may run beside
     another stream's work gets CPU kernels for ``threads_per_stream`` threads; one that runs
     alone (``schedule/overlap.py``), for every thread torch uses, as the runtime runs it."""
-    found = find_segments(plan, min_ops)
     overlapping = overlapping_runs(plan)
+    # The main stream's matrix multiplies beside another stream stay aten calls (BLAS either
+    # way): the runtime gives each every thread when no other stream works at that moment,
+    # which a segment's kernels, generated for one count, could not take.
+    main = plan.stream(None).runs
+    found = find_segments(
+        plan, min_ops, frozenset(n for n in main if n in overlapping and is_matmul(n))
+    )
 
     def threads(segment: Segment) -> int:
         return threads_per_stream if any(n in overlapping for n in segment.members) else 0

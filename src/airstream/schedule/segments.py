@@ -29,14 +29,15 @@ def _label_name(label: Label) -> str:
     return "".join(c if c.isalnum() else "_" for c in text)
 
 
-def _runs(program: StreamSteps) -> list[list[torch.fx.Node]]:
-    """The maximal fusible runs of one stream's program."""
+def _runs(program: StreamSteps, apart: frozenset[torch.fx.Node]) -> list[list[torch.fx.Node]]:
+    """The maximal fusible runs of one stream's program (a node of ``apart`` ends one and
+    stays a step of its own)."""
     runs: list[list[torch.fx.Node]] = []
     current: list[torch.fx.Node] = []
     inside: set[torch.fx.Node] = set()
     for step in program.steps:
         node = step.node if isinstance(step, Run) else None
-        if node is not None and fusible(node, inside):
+        if node is not None and node not in apart and fusible(node, inside):
             current.append(node)
             inside.add(node)
             continue
@@ -62,8 +63,11 @@ def _needs_codegen(run: Sequence[torch.fx.Node]) -> bool:
     return False
 
 
-def find_segments(plan: StreamPlan, min_ops: int = 2) -> list[Segment]:
-    """The segments of every stream of ``plan`` with at least ``min_ops`` operators.
+def find_segments(
+    plan: StreamPlan, min_ops: int = 2, apart: frozenset[torch.fx.Node] = frozenset()
+) -> list[Segment]:
+    """The segments of every stream of ``plan`` with at least ``min_ops`` operators; the nodes
+    of ``apart`` stay aten steps of their own.
 
     Shorter runs stay single aten steps: compiling one op buys no fusion (except for the wide
     unsigned dtypes, which only Inductor's code computes on CPU).
@@ -71,7 +75,7 @@ def find_segments(plan: StreamPlan, min_ops: int = 2) -> list[Segment]:
     segments: list[Segment] = []
     for program in plan.streams:
         index = 0
-        for run in _runs(program):
+        for run in _runs(program, apart):
             name = f"segment_{_label_name(program.label)}_{index}"
             segment = Segment(name, program.label, tuple(n.name for n in run), tuple(run))
             if segment.ops >= min_ops or _needs_codegen(run):

@@ -26,13 +26,12 @@ from collections.abc import Iterable
 import torch
 import torch.fx
 
-from airstream.effects import effects
+from airstream.effects import MATMULS, effects
 from airstream.passes.auto.cost import hinted
 
 __all__ = ["Projections", "SharedExpert", "parallel_projections", "shared_experts"]
 
 aten = torch.ops.aten
-_MATMULS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default})
 _ROUTERS = frozenset({aten.topk.default})
 
 
@@ -90,7 +89,7 @@ def shared_experts(nodes: Iterable[torch.fx.Node]) -> list[SharedExpert]:
     for router in (n for n in calls if n.target in _ROUTERS):
         branch = _branch_beside(router, order, taken)
         if branch is not None:
-            matmuls = [n for n in branch if n.target in _MATMULS]
+            matmuls = [n for n in branch if n.target in MATMULS]
             first = min(matmuls, key=order.__getitem__)
             found.append(SharedExpert(sorted(branch, key=order.__getitem__), router, _rows(first)))
             taken |= branch
@@ -110,7 +109,7 @@ def _branch_beside(
             cone = _cone(value, before)
             # a weight's transpose or a constant is no branch; a branch already taken (a second
             # router of the same block) is not found twice
-            if cone & taken or not any(n.target in _MATMULS for n in cone):
+            if cone & taken or not any(n.target in MATMULS for n in cone):
                 continue
             return cone
     return None
