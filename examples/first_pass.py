@@ -81,6 +81,7 @@ def main(show: bool = True) -> Run:
     x = torch.randn(2, 8, 64)  # batch 2, 8 tokens, width 64
 
     config = airstream.CompilerConfig()
+    config.mode = "reduce-overhead"  # aten calls: every node stays visible (see below)
     config.post_grad_custom_pre_pass = right_on_side_stream
     backend = airstream.get_backend(compiler_config=config)
     compiled = torch.compile(model, backend=backend)
