@@ -4,12 +4,13 @@ Every stream runs with ``stream_config.threads_per_stream`` intra-op threads, th
 included for the duration of the call (its own setting is restored afterwards): OpenMP's
 per-thread count and, on worker threads, MKL's (which OpenMP's does not reach outside a
 parallel region; inside the caller's OpenMP team MKL runs on one thread by itself). The main
-stream's steps that no other stream's step can overlap (``schedule/overlap.py``: before the first
-fork, between a join and the next fork, after the last join) run with every thread the caller
-had: its generated code switches the count where a run of such steps starts and ends, so a graph
-with a small parallel window gives up the cores only inside it. Such a graph runs its side
-streams on worker threads; the caller's OpenMP team (below) serves a graph whose main stream is
-never alone, since inside the team every op runs on one thread.
+stream's big ops get every thread the caller had wherever no other stream works: those no
+other stream's work can overlap (``schedule/overlap.py``: before the first fork, between a join
+and the next fork, after the last join) by one switch per run of them in its generated code, and
+those another stream's work may overlap by asking, before each, whether a side stream is working
+at that moment (:class:`_Threads`). A graph whose main stream has big ops runs its side streams
+on worker threads; the caller's OpenMP team (below) serves the others, since inside the team
+every op runs on one thread.
 
 Every stream's steps become one generated function (``runtime/codegen.py``): a record sets a
 per-call event, a wait waits for it. Events are spinning flags (``runtime/handoff.py``: a waiter
