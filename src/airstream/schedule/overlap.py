@@ -83,13 +83,13 @@ def overlapping_runs(plan: StreamPlan) -> frozenset[torch.fx.Node]:
     out: set[torch.fx.Node] = set()
     for label in labels:
         a = index[label]
-        for i, mine, node in runs[label]:
-            for other in labels:
-                if other == label or not runs[other]:
+        for i, seen, node in runs[label]:
+            for stream in labels:
+                if stream == label or not runs[stream]:
                     continue
-                known = mine[index[other]]  # B's steps up to here are done before this run
-                first = bisect.bisect_right(positions[other], known)
-                if first < len(runs[other]) and runs[other][first][1][a] < i:
+                known = seen[index[stream]]  # its steps up to here are done before this run
+                first = bisect.bisect_right(positions[stream], known)
+                if first < len(runs[stream]) and runs[stream][first][1][a] < i:
                     out.add(node)  # that run neither precedes nor follows this one
                     break
     return frozenset(out)
