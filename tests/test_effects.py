@@ -111,3 +111,22 @@ def test_higher_order_ops_follow_torchs_impurity_rules() -> None:
     )
     assert effects(call).pure
     assert not torch_internals.torch_side_effects(hop, (aten.add_.Tensor,), {})
+
+
+def test_a_random_op_whose_arguments_turn_its_draw_off_is_not_random() -> None:
+    """Attention with a zero dropout_p and dropout in eval draw nothing: they fuse and reorder
+    like any op. A nonzero or unknown probability, or training, keeps them random."""
+    graph, x, _ = _graph()
+    sdpa = aten._scaled_dot_product_flash_attention_for_cpu.default
+    p = graph.placeholder("p")
+    default = graph.call_function(sdpa, (x, x, x))  # dropout_p left at its default, 0.0
+    zero = graph.call_function(sdpa, (x, x, x), {"dropout_p": 0.0})
+    some = graph.call_function(sdpa, (x, x, x, 0.1))
+    unknown = graph.call_function(sdpa, (x, x, x, p))
+    evaluating = graph.call_function(aten.native_dropout.default, (x, 0.5, False))
+    training = graph.call_function(aten.native_dropout.default, (x, 0.5, True))
+    bernoulli = graph.call_function(aten.bernoulli.p, (x, 0.0))  # no switch: always draws
+    assert not effects(default).random and not effects(zero).random
+    assert effects(some).random and effects(unknown).random
+    assert not effects(evaluating).random and effects(training).random
+    assert effects(bernoulli).random

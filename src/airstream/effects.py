@@ -8,7 +8,9 @@ members' effects (``summarize``, stored in ``node.meta["air_effects"]``), so the
 once, on the final graph, with the same answers it would get from the members.
 
 Rules, for an ``OpOverload`` target: *random* means tagged ``nondeterministic_seeded`` (it draws
-from a global generator); *writes* are the arguments its schema marks ``(a!)``; its result
+from a global generator), unless the node's own arguments say it draws nothing: a zero
+``dropout_p`` (attention at inference) or ``train=False`` (a dropout op in eval); *writes*
+are the arguments its schema marks ``(a!)``; its result
 *aliases* the argument whose schema alias set it returns (views, in-place ops), and ``getitem``
 and ``air::wait_tensor`` alias their first argument; a *collective* is a
 ``torch.distributed`` functional collective that starts communication (its ``wait_tensor``
@@ -149,6 +151,9 @@ class _Rule:
     aliases: tuple[tuple[int, str], ...] = ()  # ... of each argument the result may alias
     view: bool = False
     random: bool = False
+    # (position, name, default) of an argument whose value can turn the draw off: ``dropout_p``
+    # (off at 0) or ``train`` (off at False); the node decides (:func:`_draws`)
+    draw_switch: tuple[int, str, Any] | None = None
     collective: str | None = None  # the collective's name (``wait_tensor`` completes one)
     host_sync: bool = False
     allocates: bool = False
@@ -178,16 +183,37 @@ def _rule(target: Any) -> _Rule:
         if returned_sets & set(info.before_set) or "*" in info.after_set or not returned_sets:
             aliases.append((i, arg.name))
     tags = target.tags
+    random = torch.Tag.nondeterministic_seeded in tags
+    switches = [
+        (i, arg.name, arg.default_value)
+        for i, arg in enumerate(schema.arguments)
+        if arg.name in ("dropout_p", "train")
+    ]
     return _Rule(
         writes=tuple(writes),
         aliases=tuple(aliases) if returned else (),
         view=bool(returned) and not writes,
-        random=torch.Tag.nondeterministic_seeded in tags,
+        random=random,
+        draw_switch=switches[0] if random and len(switches) == 1 else None,
         collective=collective_op_name(target),
         host_sync=torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags,
         allocates=target in _ALLOCATIONS,
         impure=impure and not writes,  # a written input is the effect torch means
     )
+
+
+def _draws(node: torch.fx.Node, rule: _Rule) -> bool:
+    """Whether a random op's node draws: not with a literal zero ``dropout_p`` or a literal
+    ``train=False`` (an argument left out takes the schema's default)."""
+    if not rule.random or rule.draw_switch is None:
+        return rule.random
+    index, name, default = rule.draw_switch
+    value = _arg_value(node, index, name)
+    if value is None:
+        value = default
+    if isinstance(value, torch.fx.Node):  # known only when it runs
+        return True
+    return bool(value) if name == "train" else value != 0
 
 
 def _args_at(node: torch.fx.Node, where: tuple[tuple[int, str], ...]) -> list[torch.fx.Node]:
@@ -228,7 +254,7 @@ def effects(node: torch.fx.Node) -> Effects:
     if collective == "wait_tensor":  # returns the tensor the collective wrote (no annotation)
         aliases = _nodes_in(node.args[0])
     return Effects(
-        random=rule.random,
+        random=_draws(node, rule),
         writes=tuple(_args_at(node, rule.writes)),
         aliases=tuple(aliases),
         view=rule.view,
