@@ -63,6 +63,8 @@ __all__ = ["AutoStreamsDecision", "auto_streams"]
 
 log = logging.getLogger("airstream.passes")
 
+_TIE = 0.01  # predictions within 1% are a tie: the roles' placement is kept
+
 
 @dataclass(frozen=True)
 class AutoStreamsDecision:
@@ -174,7 +176,9 @@ def auto_streams(
         else:
             listed = single
         listed += figures.side_stream_seconds * (len(used) - 1)
-        if placed.placed and placed.predicted <= listed:
+        # the roles' placement (named, in graph order) unless the list schedule beats it by
+        # more than the model's rounding
+        if placed.placed and placed.predicted <= listed * (1 + _TIE):
             gain = single / max(placed.predicted, 1e-12)
             if gain >= min_gain:
                 decision = AutoStreamsDecision(
