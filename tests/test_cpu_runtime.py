@@ -367,3 +367,46 @@ def test_an_op_beside_a_side_stream_takes_every_thread_when_none_works() -> None
         assert used == [1, 2] and state.threads_now == 2
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("team", [True, False], ids=["openmp team", "workers"])
+def test_a_calls_events_state_and_slots_are_made_once_and_reused(team: bool) -> None:
+    """A call takes its objects from the executor's free list and gives them back; one that
+    fails drops them (a side stream may still hold them); concurrent calls never share one."""
+
+    class _Checked(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with airstream.stream("s1"):
+                a = fail_if_negative(x.sin())
+            return a + x.cos()
+
+    config = airstream.CompilerConfig()
+    config.stream_config.openmp_team = team
+    compiled, backend = compile_model(_Checked(), config)
+    x = torch.rand(8) + 1  # sin(x) > 0
+    compiled(x)
+    executor = graph_of(backend, "inference").executor
+    assert isinstance(executor, CpuExecutor)
+    if not executor._reuse:
+        pytest.skip("locks, not flags: nothing to reuse")
+    (objects,) = executor._free
+    for _ in range(3):
+        assert_same(compiled(x), x.sin() + x.cos())
+        assert executor._free == [objects]  # the same ones, every call
+    with pytest.raises(ValueError, match="negative"):
+        compiled(-x)  # in (-2, -1): its sin is negative
+    assert executor._free == []  # dropped with the failed call
+    assert_same(compiled(x), x.sin() + x.cos())
+    assert len(executor._free) == 1 and executor._free[0] is not objects
+    results: list[bool] = []
+
+    def call() -> None:
+        for _ in range(50):
+            results.append(torch.allclose(compiled(x), x.sin() + x.cos()))
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [True] * 200 and 1 <= len(executor._free) <= 4

@@ -22,7 +22,9 @@ The caller hands each stream the inputs it reads and empties its own argument li
 stream makes and another reads goes through a per-call slot of its own for every (value, reading
 stream) pair, which the reader empties when it first reads it: nothing the call computes
 outlives its last use on any stream. A call costs one handoff per side
-stream, not one per op.
+stream, not one per op. A call's events, state and slots (:class:`_CallObjects`) are made once
+and reset for a later call, where they are flags and no thread of the call can touch them after
+it returns (locks, made held, are made per call; a failed call's objects are dropped).
 
 Failure handling: an op that raises on any stream marks the call failed and sets every event of
 the call, so no stream stays blocked; streams that wake up to a failed call stop at their next
@@ -257,6 +259,29 @@ class _Stream:
         self.traced = LazyTraced(lambda: build(traced=True))
 
 
+class _CallObjects:
+    """One call's events, its side streams' done flags, its state and its value slots: made
+    once, and reset for a later call once no thread of this one can touch them again."""
+
+    __slots__ = ("done", "events", "slots", "state")
+
+    def __init__(self, kind: Events, events: int, sides: int, slots: int, threads: int) -> None:
+        self.events = [kind.new() for _ in range(events)]
+        self.done = [kind.new() for _ in range(sides)]
+        self.state = CallState(self.events, kind, threads, sides)
+        self.slots: list[Any] = [None] * slots
+
+    def reset(self, caller_threads: int) -> None:
+        for event in self.events:
+            event.clear()
+        for event in self.done:
+            event.clear()
+        self.state.reset(caller_threads)
+        slots = self.slots
+        for index in range(len(slots)):
+            slots[index] = None
+
+
 class CpuExecutor:
     """Boxed callable running a StreamPlan: side streams on the caller's OpenMP team where it
     can, else one worker thread per side stream."""
@@ -299,6 +324,28 @@ class CpuExecutor:
             for i, s in enumerate(sides)
         )
         self._team = team if self.sides else None
+        # Each call's objects, reused by later calls where they are spinning flags (locks are
+        # made held: a used one cannot be reset) and no thread can touch them after the call
+        # (see __call__). One per concurrent call: a caller takes one, and gives it back.
+        self._reuse = flags
+        self._ends_with_records = all(stream.final_event is not None for _, stream in self.sides)
+        self._free: list[_CallObjects] = []
+
+    def _call_objects(self, caller_threads: int) -> _CallObjects:
+        """A free call's objects, reset, or new ones (list.pop is atomic: concurrent callers
+        never share one)."""
+        try:
+            objects = self._free.pop()
+        except IndexError:
+            return _CallObjects(
+                self._events,
+                self._num_events,
+                len(self.sides),
+                self._num_slots,
+                caller_threads,
+            )
+        objects.reset(caller_threads)
+        return objects
 
     @property
     def code(self) -> str:
@@ -367,12 +414,10 @@ class CpuExecutor:
                 stream.traced.get()  # built now, not inside the call's time
             trace = CallTrace()  # its clock starts once the traced code exists
         kind = self._events
-        events = [kind.new() for _ in range(self._num_events)]
         caller_threads = torch.get_num_threads()
-        state = CallState(events, kind, caller_threads, len(self.sides))
-        slots: list[Any] = [None] * self._num_slots
+        objects = self._call_objects(caller_threads)
+        events, done, state, slots = objects.events, objects.done, objects.state, objects.slots
         grad = torch.is_grad_enabled()
-        done = [kind.new() for _ in self.sides]
         sides = []
         for worker, stream in self.sides:
             code = stream.code if trace is None else stream.traced.get()
@@ -443,6 +488,11 @@ class CpuExecutor:
             failure = state.error
             assert failure is not None
             failure.add_note(f"airstream: raised by {state.where}")
-            raise failure
-        # Normal path: the plan's join already waited for every side stream's last step.
+            raise failure  # this call's objects are dropped, not reused
+        # Normal path: the plan's join already waited for every side stream's last step. No
+        # thread touches this call's objects again: the team has returned; a side stream's
+        # last record, set by its worker after its job's end, or a wait for its done flag was
+        # the last thing the caller waited for. Otherwise (locks), they are dropped.
+        if self._reuse and (ran is not None or trace is not None or self._ends_with_records):
+            self._free.append(objects)
         return result

@@ -105,6 +105,16 @@ class CallState:
         self.kind = kind
         self.guard = new_lock()
 
+    def reset(self, caller_threads: int) -> None:
+        """As new, for a later call reusing this state (no thread of the last call holds it)."""
+        self.failed = False
+        self.error = None
+        self.where = ""
+        self.caller_threads = self.threads_now = caller_threads
+        working = self.working
+        for side in range(len(working)):
+            working[side] = True
+
     def fail(self, error: BaseException, where: str) -> None:
         with self.guard:
             if not self.failed:
