@@ -114,8 +114,8 @@ def test_backend_repr_is_short_and_error_message_leads_with_airstream() -> None:
     assert second.startswith(f"PassError: pass '{__name__}._raising_pass'")
 
 
-def _one_arg(gm: Any) -> None:
-    pass
+def _two_args(gm: Any, example_inputs: Any) -> None:
+    """Neither an airstream pass (gm, example_inputs, config) nor an Inductor one (graph)."""
 
 
 class _CallableWithWrongArity:
@@ -130,11 +130,11 @@ def _def_line(fn: Any) -> int:
 def test_pass_with_wrong_signature_is_rejected_on_assignment() -> None:
     config = airstream.CompilerConfig()
     with pytest.raises(TypeError) as info:
-        config.post_grad_custom_pre_pass = _one_arg
+        config.post_grad_custom_pre_pass = _two_args
     message = str(info.value)
     assert message.startswith("post_grad_custom_pre_pass: the pass ")
-    assert f"{__name__}._one_arg ({__file__}:{_def_line(_one_arg)})" in message
-    assert "takes (gm: 'Any')" in message
+    assert f"{__name__}._two_args ({__file__}:{_def_line(_two_args)})" in message
+    assert "takes (gm: 'Any', example_inputs: 'Any')" in message
     assert "def my_pass(gm, example_inputs, config): ..." in message
     assert config.post_grad_custom_pre_pass is None  # nothing stored
 
@@ -149,7 +149,7 @@ def test_wrong_signature_in_a_list_names_its_index() -> None:
     call_line = _def_line(_CallableWithWrongArity.__call__)
     assert f"_CallableWithWrongArity.__call__ ({__file__}:{call_line})" in message
     with pytest.raises(TypeError, match="post_grad_custom_pre_pass: the pass"):
-        airstream.CompilerConfig.from_options({"post_grad_custom_pre_pass": _one_arg})
+        airstream.CompilerConfig.from_options({"post_grad_custom_pre_pass": _two_args})
 
 
 def _four(extra: int, gm: Any, example_inputs: Any, config: Any) -> None:
@@ -164,12 +164,12 @@ class _CallablePass:
 @pytest.mark.parametrize(
     ("accepted", "rejected"),
     [
-        (_raising_pass, _one_arg),
+        (_raising_pass, _two_args),
         (lambda *args: None, lambda *, gm: None),
         (lambda gm, example_inputs, config=None, *r, **kw: None, lambda gm, inputs, *, c: None),
         (functools.partial(_four, 1), functools.partial(_four, 1, 2)),
         (_CallablePass(), _CallableWithWrongArity()),
-        (print, len),  # print's signature cannot be read: accepted; len's can
+        (print, divmod),  # print's signature cannot be read: accepted; divmod's can
     ],
     ids=["function", "varargs", "defaults", "partial", "callable-object", "builtin"],
 )
@@ -189,8 +189,8 @@ def test_torchair_passes_are_checked_when_airstream_config_is_built() -> None:
     good.post_grad_custom_pre_pass = _raising_pass
     assert callable(good.airstream.post_grad_custom_pre_pass)
     bad = torchair.CompilerConfig()
-    bad.post_grad_custom_pre_pass = _one_arg
-    with pytest.raises(TypeError, match=r"post_grad_custom_pre_pass: the pass .*_one_arg \("):
+    bad.post_grad_custom_pre_pass = _two_args
+    with pytest.raises(TypeError, match=r"post_grad_custom_pre_pass: the pass .*_two_args \("):
         torchair.get_npu_backend(compiler_config=bad)
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "choice",
     "directory",
     "pass_slot",
+    "pass_style",
     "positive_int",
 ]
 
@@ -116,13 +117,31 @@ def _describe(fn: Any) -> str:
     return f"{name} ({where[0]}:{where[1]})" if where else name
 
 
-def _check_pass_signature(path: str, fn: Any) -> None:
-    """Raise ``TypeError`` unless ``fn`` can be called as ``fn(gm, example_inputs, config)``;
-    callables whose signature cannot be read (some builtins) are accepted."""
+def pass_style(fn: Any) -> str | None:
+    """How a pass is called: ``"airstream"`` (``fn(gm, example_inputs, config)``; also where its
+    signature cannot be read, as for some builtins), ``"graph"`` (Inductor's custom passes:
+    ``fn(graph)``, ``CustomGraphPass`` and ``CustomGraphModulePass`` instances), or None
+    where it can be called neither way."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
+        return "airstream"
+    for style, arguments in (("airstream", (None, None, None)), ("graph", (None,))):
+        try:
+            signature.bind(*arguments)
+        except TypeError:
+            continue
+        return style
+    return None
+
+
+def _check_pass_signature(path: str, fn: Any) -> None:
+    """Raise ``TypeError`` unless ``fn`` can be called as ``fn(gm, example_inputs, config)`` or,
+    as Inductor calls its custom passes, ``fn(graph)``; callables whose signature cannot be read
+    (some builtins) are accepted."""
+    if pass_style(fn) is not None:
         return
+    signature = inspect.signature(fn)
     try:
         signature.bind(None, None, None)
     except TypeError as exc:

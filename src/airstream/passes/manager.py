@@ -1,8 +1,10 @@
 """The pass pipeline: custom pre pass(es) -> built-in passes -> custom post pass(es) -> the
 final built-ins (in-place rewriting, on the graph with its final streams).
 
-Every pass is called as ``fn(gm, example_inputs, config)`` and edits ``gm.graph`` in place; its
-return value is ignored (a custom pass returning anything but None gets a warning at its source
+Every pass is called as ``fn(gm, example_inputs, config)`` and edits ``gm.graph`` in place; a
+custom pass written for Inductor (``fn(graph)``, torch's ``CustomGraphPass``, a pattern matcher's
+pass) gets ``gm.graph`` as Inductor gives it, a ``CustomGraphModulePass`` gets ``gm``. The return
+value is ignored (a custom pass returning anything but None gets a warning at its source
 line). Around each pass the manager (not the pass) does the bookkeeping: it
 times it, tags the nodes it added (``meta["air_inserted_by"]``), refills ``meta["val"]`` for them
 and lints, and with ``debug.verify_passes`` also re-checks every node's metadata. It does not
@@ -29,14 +31,23 @@ from airstream.effects import effects
 from airstream.errors import PassError, StreamError
 from airstream.nodes import describe
 from airstream.ops.library import adopt_air_aliases, record, wait, wait_tensor
-from airstream.options import callable_source
+from airstream.options import callable_source, pass_style
 from airstream.passes.builtin import BUILTIN_PASSES, FINAL_PASSES
 from airstream.passes.builtin.reinplace import StreamLabels
 from airstream.passes.meta import check_meta, fill_meta
 from airstream.passes.regions import air_layout
 from airstream.streams import mark_version, unmark_version
+from airstream.torch_internals import is_graph_module_pass
 
-__all__ = ["PassManager", "PassObserver", "PassResult", "PassSpec", "STAGES", "pass_name"]
+__all__ = [
+    "PassManager",
+    "PassObserver",
+    "PassResult",
+    "PassSpec",
+    "STAGES",
+    "as_graph_pass",
+    "pass_name",
+]
 
 log = logging.getLogger("airstream.passes")
 
@@ -62,11 +73,27 @@ def pass_name(fn: Callable[..., Any]) -> str:
 
 @dataclass(frozen=True)
 class PassSpec:
-    """One pass in the pipeline."""
+    """One pass in the pipeline: ``fn`` as the user gave it (its name and source line in every
+    message), ``call`` how the manager calls it (``fn`` itself, or an Inductor-style pass
+    adapted: :func:`as_graph_pass`)."""
 
     name: str
     stage: str
-    fn: GraphPass
+    fn: Any
+    call: GraphPass | None = None
+
+    def run(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Any) -> Any:
+        return (self.call or self.fn)(gm, example_inputs, config)
+
+
+def as_graph_pass(fn: Any) -> GraphPass:
+    """``fn`` callable as ``(gm, example_inputs, config)``: itself, or an Inductor custom pass
+    (``fn(graph)``; a ``CustomGraphModulePass``: ``fn(gm)``) wrapped to be."""
+    if pass_style(fn) != "graph":
+        return fn
+    if is_graph_module_pass(fn):
+        return lambda gm, example_inputs, config: fn(gm)
+    return lambda gm, example_inputs, config: fn(gm.graph)
 
 
 @dataclass(frozen=True)
@@ -119,12 +146,16 @@ class PassManager:
         its own; without it they treat the graph as one stream)."""
         self.config = config
         self.observer = observer or PassObserver()
-        specs = [PassSpec(pass_name(fn), PRE, fn) for fn in _slot(config.post_grad_custom_pre_pass)]
+        specs = [
+            PassSpec(pass_name(fn), PRE, fn, as_graph_pass(fn))
+            for fn in _slot(config.post_grad_custom_pre_pass)
+        ]
         for option, fn in BUILTIN_PASSES:
             if config.get_option(option):
                 specs.append(PassSpec(fn.__name__, BUILTIN, fn))
         specs += [
-            PassSpec(pass_name(fn), POST, fn) for fn in _slot(config.post_grad_custom_post_pass)
+            PassSpec(pass_name(fn), POST, fn, as_graph_pass(fn))
+            for fn in _slot(config.post_grad_custom_post_pass)
         ]
         for option, fn in FINAL_PASSES:
             if config.get_option(option):
@@ -166,9 +197,17 @@ class PassManager:
         collectives = _collective_order(gm.graph)
         start = time.perf_counter()
         try:
-            returned = spec.fn(gm, example_inputs, self.config)
+            returned = spec.run(gm, example_inputs, self.config)
         except Exception as exc:
-            raise self._error(spec, kind, f"raised {type(exc).__name__}: {exc}", gm) from exc
+            message = f"raised {type(exc).__name__}: {exc}"
+            if spec.call is not None and spec.call is not spec.fn:
+                message += (
+                    ". It takes one argument, so airstream called it as Inductor calls its "
+                    "custom passes: with gm.graph, a torch.fx.Graph (a CustomGraphModulePass "
+                    "gets gm). A pass that needs the GraphModule, example_inputs or config "
+                    "takes (gm, example_inputs, config)."
+                )
+            raise self._error(spec, kind, message, gm) from exc
         seconds = time.perf_counter() - start
         unmark_version(gm)
         if returned is not None and spec.stage in (PRE, POST):

@@ -72,11 +72,13 @@ from airstream.torch_internals.functionalize import (
 )
 from airstream.torch_internals.inductor import (
     apply_patterns,
+    custom_graph_module_pass,
     custom_graph_pass,
     fxgraph_cache_hits,
     inductor_compile,
     inductor_cpp_compiler,
     inductor_decomposition_table,
+    is_graph_module_pass,
     pattern_pass,
     pin_output_strides,
     register_pattern,
@@ -149,7 +151,9 @@ __all__ = [
     "ControlDeps",
     "NativeObject",
     "control_deps_parts",
+    "custom_graph_module_pass",
     "custom_graph_pass",
+    "is_graph_module_pass",
     "is_external_object",
     "is_native_stream_key",
     "mentions_native_ir",

@@ -253,3 +253,32 @@ def custom_graph_pass() -> tuple[type, Any]:
     """torch's ``CustomGraphPass`` base class and its ``get_hash_for_files``."""
     found: tuple[type, Any] = _get("custom_graph_pass")
     return found
+
+
+@_feature(
+    "custom_graph_module_pass",
+    "torch._inductor.custom_graph_pass.CustomGraphModulePass (__call__(gm), uuid())",
+    "inductor-pass",
+    "running Inductor passes written on a GraphModule in airstream's pipeline",
+)
+def _probe_custom_graph_module_pass() -> type:
+    base = importlib.import_module("torch._inductor.custom_graph_pass").CustomGraphModulePass
+    if not callable(getattr(base, "uuid", None)):
+        raise AttributeError("CustomGraphModulePass has no uuid()")
+    return base
+
+
+def custom_graph_module_pass() -> type:
+    """torch's ``CustomGraphModulePass`` base class (a pass called with the GraphModule)."""
+    found: type = _get("custom_graph_module_pass")
+    return found
+
+
+def is_graph_module_pass(fn: Any) -> bool:
+    """Whether ``fn`` is an Inductor ``CustomGraphModulePass`` (called with the GraphModule, not
+    its Graph); False where this torch has none."""
+    try:
+        base = custom_graph_module_pass()
+    except Exception:
+        return False
+    return isinstance(fn, base)
