@@ -11,6 +11,14 @@ __all__ = ["run_bench"]
 
 _ON_DEVICE = ("moe", "decode", "branches-pointwise")
 
+ROUNDS = 15  # interleaved rounds, the default of every timing benchmark
+COMPILE_ROUNDS = 3  # fresh compiles per model and config (`bench compile`): each takes seconds
+
+
+def _rounds(args: argparse.Namespace, default: int = ROUNDS) -> int:
+    """``--rounds`` as given, else this benchmark's default."""
+    return int(args.rounds) if args.rounds is not None else default
+
 
 def _models(bench: str, given: str | None, known: Sequence[str]) -> tuple[str, ...] | None:
     """The models ``--models`` names (all of ``known`` if none); ``None``, after saying why on
@@ -56,7 +64,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.name == "overhead":
         from airstream.bench.overhead import format_overhead, run_overhead
 
-        report = run_overhead(ops=args.ops, rounds=args.rounds, calls=args.calls or 100)
+        report = run_overhead(ops=args.ops, rounds=_rounds(args), calls=args.calls or 100)
         text = format_overhead(report)
     elif args.name == "batched-experts":
         from airstream.bench.batched import run_batched
@@ -64,7 +72,7 @@ def run_bench(args: argparse.Namespace) -> int:
         report = run_batched(
             tokens=args.tokens or 8,
             hidden=args.hidden or 1024,
-            rounds=args.rounds,
+            rounds=_rounds(args),
             calls=args.calls or 5,
         )
         fastest = min(report["ms"].values())
@@ -100,7 +108,7 @@ def run_bench(args: argparse.Namespace) -> int:
         models = _models("compile", args.models, tuple(ARCHS))
         if models is None:
             return 2
-        report = run_compile(models, rounds=args.rounds if args.rounds != 15 else 3)
+        report = run_compile(models, rounds=_rounds(args, COMPILE_ROUNDS))
         text = format_compile(report)
     elif args.name == "tp":
         from airstream.bench.tp import format_tp, run_tp
@@ -110,7 +118,7 @@ def run_bench(args: argparse.Namespace) -> int:
             layers=args.layers or 4,
             tokens=args.tokens or 64,
             hidden=args.hidden or 256,
-            rounds=args.rounds,
+            rounds=_rounds(args),
             calls=args.calls or 10,
         )
         text = format_tp(report)
@@ -124,7 +132,7 @@ def run_bench(args: argparse.Namespace) -> int:
             chosen,
             batch=args.tokens or 8,
             hidden=args.hidden or 1024,
-            rounds=args.rounds,
+            rounds=_rounds(args),
             calls=args.calls or 5,
         )
         text = format_serving(report)
@@ -137,7 +145,7 @@ def run_bench(args: argparse.Namespace) -> int:
         report = run_decode(
             models,
             batch=args.tokens or 4,
-            rounds=args.rounds,
+            rounds=_rounds(args),
             calls=args.calls or 3,
             inductor=not args.no_inductor,
             device=device,
@@ -151,7 +159,7 @@ def run_bench(args: argparse.Namespace) -> int:
             modes=MODES if args.mode in (None, "both") else (args.mode,),
             tokens=args.tokens or 8,
             hidden=args.hidden or 1024,
-            rounds=args.rounds,
+            rounds=_rounds(args),
             calls=args.calls or 20,
             inductor=not args.no_inductor,
             compile_times=not args.no_compile_time,
@@ -165,7 +173,7 @@ def run_bench(args: argparse.Namespace) -> int:
             args.name,
             tokens=args.tokens or 8,
             hidden=args.hidden or 1024,
-            rounds=args.rounds,
+            rounds=_rounds(args),
             calls=args.calls or 5,
             inductor=not args.no_inductor,
         )
@@ -177,7 +185,7 @@ def run_bench(args: argparse.Namespace) -> int:
             experts=args.experts,
             tokens=args.tokens or 8,
             hidden=args.hidden or 1024,
-            rounds=args.rounds,
+            rounds=_rounds(args),
             calls=args.calls or 5,
             inductor=not args.no_inductor,
             device=device,

@@ -231,7 +231,12 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         ],
     )
     bench.add_argument("name", metavar="NAME", choices=list(_BENCHES), help="a name listed above")
-    bench.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
+    bench.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="interleaved rounds (default 15; compile: fresh compiles each, default 3)",
+    )
     bench.add_argument(
         "--calls", type=int, default=None, help="calls per round (overhead 100, moe 5)"
     )
