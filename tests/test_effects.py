@@ -126,7 +126,8 @@ def test_a_random_op_whose_arguments_turn_its_draw_off_is_not_random() -> None:
     evaluating = graph.call_function(aten.native_dropout.default, (x, 0.5, False))
     training = graph.call_function(aten.native_dropout.default, (x, 0.5, True))
     bernoulli = graph.call_function(aten.bernoulli.p, (x, 0.0))  # no switch: always draws
+    unsaid = graph.call_function(aten.native_dropout.default, (x, 0.5, None))  # None: training
     assert not effects(default).random and not effects(zero).random
     assert effects(some).random and effects(unknown).random
     assert not effects(evaluating).random and effects(training).random
-    assert effects(bernoulli).random
+    assert effects(bernoulli).random and effects(unsaid).random

@@ -6,6 +6,7 @@ Inductor running the same pass; what can be called neither way is refused as bef
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import pytest
@@ -134,3 +135,25 @@ def test_a_one_argument_pass_that_wanted_the_module_hears_how_it_was_called() ->
     compiled, _ = compile_model(Model(), config)
     with pytest.raises(Exception, match=r"(?s)wants_module.*AttributeError.*with gm\.graph"):
         compiled(torch.randn(4, 4), torch.randn(4, 4))
+
+
+def test_an_inductor_pass_object_is_called_with_the_graph_whatever_its_signature() -> None:
+    seen: list[Any] = []
+
+    class Optional(CustomGraphPass):  # type: ignore[misc, valid-type]
+        def __call__(self, graph: Any, extra: Any = None, more: Any = None) -> int:
+            seen.append(graph)
+            return 0  # Inductor ignores it; so does airstream, without a warning
+
+        def uuid(self) -> Any:
+            return "airstream-test-optional-1"
+
+    config = airstream.CompilerConfig()
+    config.post_grad_custom_post_pass = Optional()
+    compiled, _ = compile_model(Model(), config)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            compiled(torch.randn(4, 4), torch.randn(4, 4))
+    assert len(seen) == 1 and isinstance(seen[0], torch.fx.Graph)
+    assert not [w for w in caught if "return value of a pass" in str(w.message)]

@@ -71,7 +71,17 @@ def test_the_default_per_device_and_debug_option(per_device) -> None:
     config = airstream.CompilerConfig()
     assert modes.resolve_mode(config, "cpu") == "max-autotune"
     assert modes.resolve_mode(config, "cuda") == "reduce-overhead"  # one CUDA graph per call
+    assert modes.resolve_mode(config, "mps") == "reduce-overhead"  # the CPU's default is its own
     config.debug.run_eagerly = True  # runs node by node: no kernels to compile
+    assert modes.resolve_mode(config, "cpu") == "reduce-overhead"
+
+
+def test_run_eagerly_compiles_nothing_whatever_airstream_mode_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AIRSTREAM_MODE", "max-autotune")
+    config = airstream.CompilerConfig()
+    config.debug.run_eagerly = True
     assert modes.resolve_mode(config, "cpu") == "reduce-overhead"
 
 

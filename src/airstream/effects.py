@@ -211,8 +211,8 @@ def _draws(node: torch.fx.Node, rule: _Rule) -> bool:
     value = _arg_value(node, index, name)
     if value is None:
         value = default
-    if isinstance(value, torch.fx.Node):  # known only when it runs
-        return True
+    if value is None or isinstance(value, torch.fx.Node):  # train=None is training (ATen)
+        return True  # or known only when it runs
     return bool(value) if name == "train" else value != 0
 
 

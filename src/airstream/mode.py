@@ -9,14 +9,15 @@ interleaved; docs/benchmarks.md):
   per op runs at 0.79-0.91x; it costs compile time (each segment is an Inductor compile, cached
   on disk by Inductor's FX graph cache). Where Inductor has no C++ compiler to build with, the
   default is reduce-overhead, with one warning.
-- **CUDA: reduce-overhead** (the whole multi-stream call captured as one CUDA graph): a small
+- **CUDA (and any device but the CPU): reduce-overhead** (on CUDA the whole multi-stream call
+  captured as one CUDA graph): a small
   decode step on a GPU is bound by kernel launches, which a CUDA graph removes and Inductor's
   default code does not. Not yet measured on a GPU.
 - With ``debug.run_eagerly`` or a data dump (which run node by node), reduce-overhead: nothing
   to gain from compiling kernels.
 
 ``AIRSTREAM_MODE`` sets the mode of every config that leaves ``mode`` at ``"default"``
-(reduce-overhead for fast compiles: the test suite sets it).
+(reduce-overhead for fast compiles: the test suite sets it), but for run_eagerly and data dumps.
 """
 
 from __future__ import annotations
@@ -62,11 +63,11 @@ def resolve_mode(config: CompilerConfig, device_type: str) -> str:
     mode = str(config.mode)
     if mode != "default":
         return mode
+    if config.debug.run_eagerly or config.debug.data_dump.type is not None:
+        return "reduce-overhead"  # node by node: no kernels to compile
     chosen = environment.AIRSTREAM_MODE.read()
     if chosen is not None:
         return chosen
-    if config.debug.run_eagerly or config.debug.data_dump.type is not None:
-        return "reduce-overhead"
     if device_type != "cpu":
         return "reduce-overhead"
     return "reduce-overhead" if _cpu_compiler_missing() is not None else "max-autotune"

@@ -121,7 +121,12 @@ def pass_style(fn: Any) -> str | None:
     """How a pass is called: ``"airstream"`` (``fn(gm, example_inputs, config)``; also where its
     signature cannot be read, as for some builtins), ``"graph"`` (Inductor's custom passes:
     ``fn(graph)``, ``CustomGraphPass`` and ``CustomGraphModulePass`` instances), or None
-    where it can be called neither way."""
+    where it can be called neither way. An Inductor pass object is ``"graph"`` whatever its
+    signature (``def __call__(self, graph, extra=None)`` binds three arguments too)."""
+    from airstream.torch_internals import is_inductor_pass  # torch: only once a pass is given
+
+    if is_inductor_pass(fn):
+        return "graph"
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):

@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
 import torch.fx
 
 from airstream import torch_internals
@@ -102,7 +103,7 @@ class GraphCompiler:
         plan = build_plan(gm, streams)
         segments: tuple[CompiledSegment, ...] = ()
         device = cuda_device(gm)
-        mode = resolve_mode(config, "cpu" if device is None else device.type)
+        mode = resolve_mode(config, device.type if device is not None else _device_type(gm))
         dumping = config.debug.data_dump.type is not None  # runs node by node: nothing to fuse
         if mode == "max-autotune" and not dumping:
             segments = fuse_streams(
@@ -124,6 +125,16 @@ class GraphCompiler:
             CompiledGraph(kind, gm, streams, plan, tuple(results), executor, segments, mode)
         )
         return executor
+
+
+def _device_type(gm: torch.fx.GraphModule) -> str:
+    """``"cpu"``, or the type of the first other device a value of the graph lives on (MPS,
+    XPU, ...: the CPU's default mode is not theirs)."""
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.device.type not in ("cpu", "meta"):
+            return str(val.device.type)
+    return "cpu"
 
 
 def _record_scopes(gm: torch.fx.GraphModule, streams: StreamAssignment) -> None:

@@ -200,7 +200,7 @@ class PassManager:
             returned = spec.run(gm, example_inputs, self.config)
         except Exception as exc:
             message = f"raised {type(exc).__name__}: {exc}"
-            if spec.call is not None and spec.call is not spec.fn:
+            if spec.call is not None and spec.call is not spec.fn:  # adapted: fn(graph)
                 message += (
                     ". It takes one argument, so airstream called it as Inductor calls its "
                     "custom passes: with gm.graph, a torch.fx.Graph (a CustomGraphModulePass "
@@ -210,8 +210,9 @@ class PassManager:
             raise self._error(spec, kind, message, gm) from exc
         seconds = time.perf_counter() - start
         unmark_version(gm)
-        if returned is not None and spec.stage in (PRE, POST):
-            _warn_returned(spec, gm, returned)
+        adapted = spec.call is not None and spec.call is not spec.fn
+        if returned is not None and spec.stage in (PRE, POST) and not adapted:
+            _warn_returned(spec, gm, returned)  # Inductor ignores its passes' results too
         if spec.stage in (PRE, POST):
             adopt_air_aliases(gm.graph)  # TorchAir's npugraph_ex.* names for the air ops
         for node in gm.graph.nodes:

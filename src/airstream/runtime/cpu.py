@@ -59,7 +59,7 @@ from airstream.runtime.handoff import flag_type, team_runner
 from airstream.runtime.trace import CallTrace, tracing_wanted
 from airstream.runtime.workers import StreamWorker, submit_all, worker_for
 from airstream.schedule.overlap import overlapping_runs, uses_threads
-from airstream.schedule.plan import Record, StreamPlan, StreamSteps
+from airstream.schedule.plan import Record, StreamPlan, StreamSteps, Wait
 from airstream.torch_internals import mkl_thread_setter, require, set_grad_enabled
 
 __all__ = ["CpuExecutor"]
@@ -143,6 +143,15 @@ def _working(state: CallState, side: int) -> None:
     state.working[side] = True
 
 
+def _wake(state: CallState, sides: tuple[int, ...]) -> None:
+    """The side streams about to be woken by a record are working from now: the recorder
+    says so before they hold the GIL again to say it themselves, so the main stream's next
+    op does not take their cores."""
+    working = state.working
+    for side in sides:
+        working[side] = True
+
+
 class _StreamHooks(Hooks):
     params = ("slots", "events", "state")
 
@@ -153,12 +162,14 @@ class _StreamHooks(Hooks):
         threads: _Threads | None = None,
         plan: Mapping[torch.fx.Node, bool] | None = None,
         side: int | None = None,
+        waiters: Mapping[int, tuple[int, ...]] | None = None,
     ) -> None:
         self.handover = handover
         self.flags = flags
         self.threads = threads  # None: every stream keeps threads_per_stream for the call
         self.plan = plan or {}  # main-stream op -> runs alone (see _thread_plan)
         self.side = side  # a side stream's index in the call's ``working`` flags
+        self.waiters = waiters or {}  # event -> the side streams that wait for it
         self._alone = False  # the call starts the main stream on its shared threads
 
     def before_op(self, b: Builder, label: Label, node: torch.fx.Node) -> None:
@@ -176,6 +187,9 @@ class _StreamHooks(Hooks):
     def record(self, b: Builder, label: Label, event: int) -> None:
         trace = b.trace(label)
         events = b.params["events"]
+        woken = self.waiters.get(event) if self.threads is not None else None
+        if woken:
+            b.call(_wake, b.params["state"], woken)
         if trace is None:
             b.call(ev.record_flag if self.flags else ev.record, events, event)
         else:
@@ -232,6 +246,7 @@ class _Stream:
         threads: _Threads | None = None,
         plan: Mapping[torch.fx.Node, bool] | None = None,
         side: int | None = None,
+        waiters: Mapping[int, tuple[int, ...]] | None = None,
     ) -> None:
         self.label = program.label
         steps = [(program.label, step) for step in program.steps]
@@ -248,7 +263,7 @@ class _Stream:
                 gm,
                 steps if traced else plain,
                 inputs=own,
-                hooks=_StreamHooks(handover, flags, threads, plan, side),
+                hooks=_StreamHooks(handover, flags, threads, plan, side, waiters),
                 returns=main,
                 traced=traced,
                 name=name,
@@ -318,9 +333,19 @@ class CpuExecutor:
         # main stream has no step to run alone on more.
         wanted = openmp_team and flags and threads_per_stream == 1 and threads is None
         team = team_runner() if wanted else None
-        self.main = _Stream(gm, plan.stream(None), handover, True, flags, threads, self.thread_plan)
+        waiters: dict[int, tuple[int, ...]] = {}
+        for i, program in enumerate(sides):
+            for step in program.steps:
+                if isinstance(step, Wait):
+                    waiters[step.event] = (*waiters.get(step.event, ()), i)
+        self.main = _Stream(
+            gm, plan.stream(None), handover, True, flags, threads, self.thread_plan, None, waiters
+        )
         self.sides: tuple[tuple[StreamWorker, _Stream], ...] = tuple(
-            (worker_for(str(s.label)), _Stream(gm, s, handover, False, flags, threads, side=i))
+            (
+                worker_for(str(s.label)),
+                _Stream(gm, s, handover, False, flags, threads, None, i, waiters),
+            )
             for i, s in enumerate(sides)
         )
         self._team = team if self.sides else None

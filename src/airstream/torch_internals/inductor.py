@@ -274,6 +274,19 @@ def custom_graph_module_pass() -> type:
     return found
 
 
+def is_inductor_pass(fn: Any) -> bool:
+    """Whether ``fn`` is an instance of Inductor's ``CustomGraphPass`` or
+    ``CustomGraphModulePass`` (called as Inductor calls them, whatever their signature says);
+    False where this torch has neither."""
+    if is_graph_module_pass(fn):
+        return True
+    try:
+        base, _ = custom_graph_pass()
+    except Exception:
+        return False
+    return isinstance(fn, base)
+
+
 def is_graph_module_pass(fn: Any) -> bool:
     """Whether ``fn`` is an Inductor ``CustomGraphModulePass`` (called with the GraphModule, not
     its Graph); False where this torch has none."""

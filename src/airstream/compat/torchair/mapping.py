@@ -31,9 +31,10 @@ MODES: dict[str, str] = {
 - ``max-autotune`` (TorchAir's default) is GE graph mode: the whole FX graph becomes one Ascend
   graph-engine graph, compiled and fused as a whole. airstream's ``max-autotune`` is the nearest
   off the NPU: Inductor compiles the fusible segments on each stream (streams stay airstream's).
-  So TorchAir's default config compiles as airstream's max-autotune, although airstream's own
-  default (:class:`airstream.CompilerConfig`) is ``reduce-overhead``: a TorchAir script asked
-  for a compiled graph.
+  So TorchAir's default config compiles as airstream's max-autotune on every device, where
+  airstream's own default (:class:`airstream.CompilerConfig`, ``"default"``) is chosen per
+  device (max-autotune on CPU, reduce-overhead on CUDA): a TorchAir script asked for a
+  compiled graph.
 - ``reduce-overhead`` is aclgraph: the graph is captured once and replayed (the NPU's CUDA
   graphs); ``npugraph_ex`` is the same capture-and-replay through torch_npu's package. Both are
   airstream's ``reduce-overhead``: generated aten code, captured as CUDA graphs on CUDA.
