@@ -350,12 +350,12 @@ def test_the_main_stream_gets_every_thread_back_where_no_other_stream_works() ->
 
 
 def test_an_op_beside_a_side_stream_takes_every_thread_when_none_works() -> None:
-    from airstream.runtime.cpu import _Threads
     from airstream.runtime.events import CallState, Events
+    from airstream.runtime.threads import Threads
 
     state = CallState([], Events(None), caller_threads=2, sides=2)
     used: list[int] = []
-    threads = _Threads(1, used.append)  # records MKL's count as it is set
+    threads = Threads(1, used.append)  # records MKL's count as it is set
     before = torch.get_num_threads()
     try:
         threads.now(state)  # both side streams start out working

@@ -6,7 +6,8 @@ import torch
 import torch.fx
 
 from airstream import torch_internals
-from airstream.effects import data_inputs, effects, fusible, is_executed, summarize
+from airstream.effects import data_inputs, effects, is_executed, summarize
+from airstream.fusion import fusible
 
 aten = torch.ops.aten
 air = torch.ops.air

@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "mode",
                 "ops",
                 "effects",
+                "fusion",
                 "fused",
                 "nodes",
                 "streams",

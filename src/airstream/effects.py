@@ -1,11 +1,12 @@
 """What an FX node does beyond computing its result: the one place that decides it.
 
 Every stage that must know whether an op is random, writes (which) inputs, returns an alias, is a
-collective, is an air op, runs as a step, or may be fused asks this module: the planner's ordering
-rules (``schedule/deps.py``), the max-autotune segment finder, CUDA graph capture, the automatic
-stream passes and their cost models. A fused max-autotune segment node carries the summary of its
-members' effects (``summarize``, stored in ``node.meta["air_effects"]``), so the planner runs
-once, on the final graph, with the same answers it would get from the members.
+collective, is an air op or runs as a step asks this module: the planner's ordering rules
+(``schedule/deps.py``), the max-autotune segment finder (through ``fusion.py``), CUDA graph
+capture, the automatic stream passes and their cost models. A fused max-autotune segment node
+carries the summary of its members' effects (``summarize``, stored in
+``node.meta["air_effects"]``), so the planner runs once, on the final graph, with the same
+answers it would get from the members.
 
 Rules, for an ``OpOverload`` target: *random* means tagged ``nondeterministic_seeded`` (it draws
 from a global generator), unless the node's own arguments say it draws nothing: a zero
@@ -56,10 +57,8 @@ __all__ = [
     "data_inputs",
     "droppable",
     "effects",
-    "fusible",
     "inplace_variant",
     "is_executed",
-    "is_matmul",
     "mergeable",
     "summarize",
     "written_arguments",
@@ -67,7 +66,6 @@ __all__ = [
 
 EFFECTS_KEY = "air_effects"  # node.meta key: an Effects summary (fused segment nodes)
 
-_FUSIBLE_NAMESPACES = frozenset({"aten", "prims"})
 
 _aten = torch.ops.aten
 # Their result is new, uninitialized memory, not a value computed from the inputs.
@@ -308,55 +306,6 @@ def data_inputs(node: torch.fx.Node) -> list[torch.fx.Node]:
     if node.op == "call_function" and node.target in (wait, scope_enter, scope_exit):
         return []
     return list(node.all_input_nodes)
-
-
-def _is_tensor_value(val: object) -> bool:
-    if isinstance(val, torch.Tensor):
-        return True
-    if isinstance(val, list | tuple):
-        return len(val) > 0 and all(isinstance(v, torch.Tensor) for v in val)
-    return False
-
-
-MATMULS = frozenset(
-    {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default}
-)
-"""Matrix multiplies: BLAS calls (Inductor calls them as extern kernels on CPU, not fused)."""
-
-
-def is_matmul(node: torch.fx.Node) -> bool:
-    """Whether ``node`` is a matrix multiply (:data:`MATMULS`)."""
-    return node.op == "call_function" and node.target in MATMULS
-
-
-def fusible(node: torch.fx.Node, inside: set[torch.fx.Node] | frozenset[torch.fx.Node]) -> bool:
-    """May ``node`` join a max-autotune segment whose nodes so far are ``inside``?
-
-    aten/prims operators with tensor results; no random ops (they keep eager's generator order);
-    no collectives; no mutation except ``copy_`` into a graph input (an input mutation's
-    write-back); ``getitem`` only of a node already in the segment.
-    """
-    if node.op != "call_function":
-        return False
-    target = node.target
-    if target is operator.getitem:
-        source = node.args[0]
-        return isinstance(source, torch.fx.Node) and source in inside
-    if not isinstance(target, OpOverload) or target.namespace not in _FUSIBLE_NAMESPACES:
-        return False
-    if not _is_tensor_value(node.meta.get("val")):
-        return False
-    found = effects(node)
-    if found.random or found.collective or found.collective_wait:
-        return False
-    if found.mutates:
-        dest = node.args[0] if node.args else None
-        return (
-            target is torch.ops.aten.copy_.default
-            and isinstance(dest, torch.fx.Node)
-            and dest.op == "placeholder"
-        )
-    return True
 
 
 def summarize(members: Iterable[torch.fx.Node], outputs: Iterable[torch.fx.Node]) -> Effects:

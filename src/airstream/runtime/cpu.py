@@ -8,8 +8,8 @@ stream's big ops get every thread the caller had wherever no other stream works:
 other stream's work can overlap (``schedule/overlap.py``: before the first fork, between a join
 and the next fork, after the last join) by one switch per run of them in its generated code, and
 those another stream's work may overlap by asking, before each, whether a side stream is working
-at that moment (:class:`_Threads`). A graph whose main stream has big ops runs its side streams
-on worker threads; the caller's OpenMP team (below) serves the others, since inside the team
+at that moment (``runtime/threads.py``). A graph whose main stream has big ops runs its side
+streams on worker threads; the caller's OpenMP team (below) serves the others, since inside the team
 every op runs on one thread.
 
 Every stream's steps become one generated function (``runtime/codegen.py``): a record sets a
@@ -22,7 +22,7 @@ The caller hands each stream the inputs it reads and empties its own argument li
 stream makes and another reads goes through a per-call slot of its own for every (value, reading
 stream) pair, which the reader empties when it first reads it: nothing the call computes
 outlives its last use on any stream. A call costs one handoff per side
-stream, not one per op. A call's events, state and slots (:class:`_CallObjects`) are made once
+stream, not one per op. A call's events, state and slots (:class:`CallObjects`) are made once
 and reset for a later call, where they are flags and no thread of the call can touch them after
 it returns (locks, made held, are made per call; a failed call's objects are dropped).
 
@@ -36,13 +36,12 @@ from __future__ import annotations
 
 import operator
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.fx
 
-from airstream.effects import data_inputs
 from airstream.openmp import release_idle_threads, set_intra_op_threads
 from airstream.runtime import events as ev
 from airstream.runtime.codegen import (
@@ -54,12 +53,13 @@ from airstream.runtime.codegen import (
     generate,
     inputs_read,
 )
-from airstream.runtime.events import Aborted, CallState, Events
+from airstream.runtime.events import Aborted, CallObjects, CallState, Events
 from airstream.runtime.handoff import flag_type, team_runner
+from airstream.runtime.slots import Handover, picker, take
+from airstream.runtime.threads import Switching, idle, wake, working
 from airstream.runtime.trace import CallTrace, tracing_wanted
 from airstream.runtime.workers import StreamWorker, submit_all, worker_for
-from airstream.schedule.overlap import overlapping_runs, uses_threads
-from airstream.schedule.plan import Record, StreamPlan, StreamSteps, Wait
+from airstream.schedule.plan import Record, StreamPlan, StreamSteps
 from airstream.torch_internals import mkl_thread_setter, require, set_grad_enabled
 
 __all__ = ["CpuExecutor"]
@@ -73,123 +73,41 @@ def _name_team_thread() -> None:
         thread.name = f"openmp-team-{thread.native_id}"
 
 
-def _take(slots: list[Any], index: int) -> Any:
-    """Read a slot and empty it: the reading stream now holds the only reference."""
-    value = slots[index]
-    slots[index] = None
-    return value
-
-
-class _Handover:
-    """Which values cross streams: a slot per (value, reading stream)."""
-
-    def __init__(self, gm: torch.fx.GraphModule, plan: StreamPlan) -> None:
-        stream_of = plan.stream_of()
-        output = next(iter(gm.graph.find_nodes(op="output")))
-        self.slot: dict[tuple[torch.fx.Node, Label], int] = {}
-        self.readers: dict[torch.fx.Node, list[Label]] = {}
-        for node, producer in stream_of.items():
-            readers: dict[Label, None] = {}
-            for user in node.users:
-                if user is output:
-                    readers[None] = None
-                elif user in stream_of and node in data_inputs(user):
-                    readers[stream_of[user]] = None
-            readers.pop(producer, None)
-            for reader in readers:
-                self.slot[(node, reader)] = len(self.slot)
-            if readers:
-                self.readers[node] = list(readers)
-
-
-def _thread_plan(plan: StreamPlan) -> dict[torch.fx.Node, bool]:
-    """For each main-stream op whose threads matter: True if it runs alone (every thread the
-    caller has), False if another stream's work may overlap it (it asks at run time whether one
-    is working: if none is, every thread; else ``threads_per_stream``)."""
-    overlapping = overlapping_runs(plan)
-    return {n: n not in overlapping for n in plan.stream(None).runs if uses_threads(n)}
-
-
-class _Threads:
-    """The calling thread's intra-op threads (OpenMP's and MKL's) as the main stream goes:
-    ``alone`` before a run of ops no other stream's work can overlap; ``now`` before each op
-    another stream's work may overlap, by whether a side stream is working at that moment (a
-    side stream is working from its start, or the return of one of its waits, to its next wait
-    or its end). ``shared``: the count while another stream works."""
-
-    def __init__(self, shared: int, mkl: Callable[[int], int] | None) -> None:
-        self.shared = shared
-        self.mkl = mkl
-
-    def _use(self, state: CallState, threads: int) -> None:
-        if state.threads_now != threads:
-            set_intra_op_threads(threads)
-            if self.mkl is not None:
-                self.mkl(threads)
-            state.threads_now = threads
-
-    def alone(self, state: CallState) -> None:
-        self._use(state, state.caller_threads)
-
-    def now(self, state: CallState) -> None:
-        self._use(state, self.shared if any(state.working) else state.caller_threads)
-
-
-def _idle(state: CallState, side: int) -> None:
-    state.working[side] = False
-
-
-def _working(state: CallState, side: int) -> None:
-    state.working[side] = True
-
-
-def _wake(state: CallState, sides: tuple[int, ...]) -> None:
-    """The side streams about to be woken by a record are working from now: the recorder
-    says so before they hold the GIL again to say it themselves, so the main stream's next
-    op does not take their cores."""
-    working = state.working
-    for side in sides:
-        working[side] = True
-
-
 class _StreamHooks(Hooks):
     params = ("slots", "events", "state")
 
     def __init__(
         self,
-        handover: _Handover,
+        handover: Handover,
         flags: bool,
-        threads: _Threads | None = None,
-        plan: Mapping[torch.fx.Node, bool] | None = None,
+        switching: Switching | None = None,
         side: int | None = None,
-        waiters: Mapping[int, tuple[int, ...]] | None = None,
     ) -> None:
         self.handover = handover
         self.flags = flags
-        self.threads = threads  # None: every stream keeps threads_per_stream for the call
-        self.plan = plan or {}  # main-stream op -> runs alone (see _thread_plan)
+        self.switching = switching  # None: every stream keeps threads_per_stream for the call
         self.side = side  # a side stream's index in the call's ``working`` flags
-        self.waiters = waiters or {}  # event -> the side streams that wait for it
         self._alone = False  # the call starts the main stream on its shared threads
 
     def before_op(self, b: Builder, label: Label, node: torch.fx.Node) -> None:
-        alone = self.plan.get(node) if label is None else None
-        if alone is None or self.threads is None:
+        switching = self.switching
+        alone = switching.plan.get(node) if switching is not None and label is None else None
+        if switching is None or alone is None:
             return  # an op whose threads do not matter runs on whatever count is set
         if alone:
             if not self._alone:  # once per run of such ops
-                b.call(self.threads.alone, b.params["state"])
+                b.call(switching.threads.alone, b.params["state"])
                 self._alone = True
         else:
-            b.call(self.threads.now, b.params["state"])
+            b.call(switching.threads.now, b.params["state"])
             self._alone = False
 
     def record(self, b: Builder, label: Label, event: int) -> None:
         trace = b.trace(label)
         events = b.params["events"]
-        woken = self.waiters.get(event) if self.threads is not None else None
+        woken = self.switching.waiters.get(event) if self.switching is not None else None
         if woken:
-            b.call(_wake, b.params["state"], woken)
+            b.call(wake, b.params["state"], woken)
         if trace is None:
             b.call(ev.record_flag if self.flags else ev.record, events, event)
         else:
@@ -198,9 +116,9 @@ class _StreamHooks(Hooks):
     def wait(self, b: Builder, label: Label, event: int) -> None:
         trace = b.trace(label)
         events, state = b.params["events"], b.params["state"]
-        counted = self.threads is not None and self.side is not None
+        counted = self.switching is not None and self.side is not None
         if counted:  # the main stream may take every thread while this one waits
-            b.call(_idle, state, self.side)
+            b.call(idle, state, self.side)
         if trace is None:
             b.call(ev.wait_flag if self.flags else ev.wait, events, event, state)
         else:
@@ -208,26 +126,15 @@ class _StreamHooks(Hooks):
                 ev.wait_flag_traced if self.flags else ev.wait_traced, events, event, state, trace
             )
         if counted:
-            b.call(_working, state, self.side)
+            b.call(working, state, self.side)
 
     def fetch(self, b: Builder, node: torch.fx.Node, label: Label) -> torch.fx.Node:
-        return b.call(_take, b.params["slots"], self.handover.slot[(node, label)])
+        return b.call(take, b.params["slots"], self.handover.slot[(node, label)])
 
     def produced(self, b: Builder, node: torch.fx.Node, label: Label, value: torch.fx.Node) -> None:
         for reader in self.handover.readers.get(node, ()):
             slot = self.handover.slot[(node, reader)]
             b.call(operator.setitem, b.params["slots"], slot, value)
-
-
-def _picker(indices: Sequence[int]) -> Callable[[list[Any]], list[Any]]:
-    """``args -> [args[i] for i in indices]``, in C where it can be."""
-    if not indices:
-        return lambda args: []
-    if len(indices) == 1:
-        (index,) = indices
-        return lambda args: [args[index]]
-    get = operator.itemgetter(*indices)
-    return lambda args: list(get(args))
 
 
 class _Stream:
@@ -240,18 +147,16 @@ class _Stream:
         self,
         gm: torch.fx.GraphModule,
         program: StreamSteps,
-        handover: _Handover,
+        handover: Handover,
         main: bool,
         flags: bool,
-        threads: _Threads | None = None,
-        plan: Mapping[torch.fx.Node, bool] | None = None,
+        switching: Switching | None = None,
         side: int | None = None,
-        waiters: Mapping[int, tuple[int, ...]] | None = None,
     ) -> None:
         self.label = program.label
         steps = [(program.label, step) for step in program.steps]
         reads = inputs_read(gm, steps, returns=main)
-        self.pick = _picker(list(reads.values()))
+        self.pick = picker(list(reads.values()))
         own = {n: i for i, n in enumerate(reads)}
         name = f"AirstreamStream_{'main' if main else program.label}"  # generate() sanitizes
         last = program.steps[-1] if program.steps else None
@@ -263,7 +168,7 @@ class _Stream:
                 gm,
                 steps if traced else plain,
                 inputs=own,
-                hooks=_StreamHooks(handover, flags, threads, plan, side, waiters),
+                hooks=_StreamHooks(handover, flags, switching, side),
                 returns=main,
                 traced=traced,
                 name=name,
@@ -272,29 +177,6 @@ class _Stream:
 
         self.code = build(traced=False)
         self.traced = LazyTraced(lambda: build(traced=True))
-
-
-class _CallObjects:
-    """One call's events, its side streams' done flags, its state and its value slots: made
-    once, and reset for a later call once no thread of this one can touch them again."""
-
-    __slots__ = ("done", "events", "slots", "state")
-
-    def __init__(self, kind: Events, events: int, sides: int, slots: int, threads: int) -> None:
-        self.events = [kind.new() for _ in range(events)]
-        self.done = [kind.new() for _ in range(sides)]
-        self.state = CallState(self.events, kind, threads, sides)
-        self.slots: list[Any] = [None] * slots
-
-    def reset(self, caller_threads: int) -> None:
-        for event in self.events:
-            event.clear()
-        for event in self.done:
-            event.clear()
-        self.state.reset(caller_threads)
-        slots = self.slots
-        for index in range(len(slots)):
-            slots[index] = None
 
 
 class CpuExecutor:
@@ -316,7 +198,7 @@ class CpuExecutor:
         self.release_openmp_threads = release_openmp_threads
         self._events = Events(flag_type())
         flags = self._events.flag is not None
-        handover = _Handover(gm, plan)
+        handover = Handover(gm, plan)
         self._num_slots = len(handover.slot)
         self._num_events = max((s.event for s in plan.syncs), default=-1) + 1
         sides = [s for s in plan.side_streams if s.runs]
@@ -326,26 +208,16 @@ class CpuExecutor:
             require("cpu-streams")
             self._mkl = mkl_thread_setter()
         # The main stream's ops get the caller's threads back where no other stream works.
-        self.thread_plan = _thread_plan(plan) if sides else {}
-        threads = _Threads(threads_per_stream, self._mkl) if self.thread_plan else None
+        switching = Switching.of(plan, sides, threads_per_stream, self._mkl)
+        self.thread_plan = dict(switching.plan) if switching is not None else {}
         # One thread per stream on the caller's OpenMP team, where streams run one intra-op
         # thread each (inside a parallel region every torch op runs on its one thread) and the
         # main stream has no step to run alone on more.
-        wanted = openmp_team and flags and threads_per_stream == 1 and threads is None
+        wanted = openmp_team and flags and threads_per_stream == 1 and switching is None
         team = team_runner() if wanted else None
-        waiters: dict[int, tuple[int, ...]] = {}
-        for i, program in enumerate(sides):
-            for step in program.steps:
-                if isinstance(step, Wait):
-                    waiters[step.event] = (*waiters.get(step.event, ()), i)
-        self.main = _Stream(
-            gm, plan.stream(None), handover, True, flags, threads, self.thread_plan, None, waiters
-        )
+        self.main = _Stream(gm, plan.stream(None), handover, True, flags, switching)
         self.sides: tuple[tuple[StreamWorker, _Stream], ...] = tuple(
-            (
-                worker_for(str(s.label)),
-                _Stream(gm, s, handover, False, flags, threads, None, i, waiters),
-            )
+            (worker_for(str(s.label)), _Stream(gm, s, handover, False, flags, switching, i))
             for i, s in enumerate(sides)
         )
         self._team = team if self.sides else None
@@ -354,15 +226,15 @@ class CpuExecutor:
         # (see __call__). One per concurrent call: a caller takes one, and gives it back.
         self._reuse = flags
         self._ends_with_records = all(stream.final_event is not None for _, stream in self.sides)
-        self._free: list[_CallObjects] = []
+        self._free: list[CallObjects] = []
 
-    def _call_objects(self, caller_threads: int) -> _CallObjects:
+    def _call_objects(self, caller_threads: int) -> CallObjects:
         """A free call's objects, reset, or new ones (list.pop is atomic: concurrent callers
         never share one)."""
         try:
             objects = self._free.pop()
         except IndexError:
-            return _CallObjects(
+            return CallObjects(
                 self._events,
                 self._num_events,
                 len(self.sides),

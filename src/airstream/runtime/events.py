@@ -17,6 +17,7 @@ from airstream.runtime.trace import StreamTrace, now_ns
 
 __all__ = [
     "Aborted",
+    "CallObjects",
     "CallState",
     "Events",
     "new_lock",
@@ -121,6 +122,29 @@ class CallState:
                 self.failed, self.error, self.where = True, error, where
         for event in self.events:  # wake every stream of this call
             self.kind.set(event)
+
+
+class CallObjects:
+    """One call's events, its side streams' done flags, its state and its value slots: made
+    once, and reset for a later call once no thread of this one can touch them again."""
+
+    __slots__ = ("done", "events", "slots", "state")
+
+    def __init__(self, kind: Events, events: int, sides: int, slots: int, threads: int) -> None:
+        self.events = [kind.new() for _ in range(events)]
+        self.done = [kind.new() for _ in range(sides)]
+        self.state = CallState(self.events, kind, threads, sides)
+        self.slots: list[Any] = [None] * slots
+
+    def reset(self, caller_threads: int) -> None:
+        for event in self.events:
+            event.clear()
+        for event in self.done:
+            event.clear()
+        self.state.reset(caller_threads)
+        slots = self.slots
+        for index in range(len(slots)):
+            slots[index] = None
 
 
 # The steps the generated code calls: lock events, flag events, each plain and traced.

@@ -39,9 +39,10 @@ import torch
 import torch.fx
 
 from airstream import torch_internals
-from airstream.effects import EFFECTS_KEY, is_matmul, summarize
+from airstream.effects import EFFECTS_KEY, summarize
 from airstream.errors import PassError, TorchSupportError
 from airstream.fused import CompiledSegment, Segment
+from airstream.fusion import is_matmul
 from airstream.nodes import SEGMENT_KEY
 from airstream.schedule.overlap import overlapping_runs
 from airstream.schedule.plan import StreamPlan

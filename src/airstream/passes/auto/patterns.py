@@ -26,7 +26,8 @@ from collections.abc import Iterable
 import torch
 import torch.fx
 
-from airstream.effects import MATMULS, effects
+from airstream.effects import effects
+from airstream.fusion import MATMULS
 from airstream.passes.auto.cost import hinted
 
 __all__ = ["Projections", "SharedExpert", "parallel_projections", "shared_experts"]

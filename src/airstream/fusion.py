@@ -1,0 +1,66 @@
+"""Which ops a max-autotune segment may hold (:func:`fusible`), and which are matrix multiplies
+(BLAS calls either way: :func:`is_matmul`). Both ask :mod:`airstream.effects` what an op does."""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx
+
+from airstream.effects import effects
+from airstream.torch_internals import OpOverload
+
+__all__ = ["MATMULS", "fusible", "is_matmul"]
+
+_aten = torch.ops.aten
+_FUSIBLE_NAMESPACES = frozenset({"aten", "prims"})
+
+
+def _is_tensor_value(val: object) -> bool:
+    if isinstance(val, torch.Tensor):
+        return True
+    if isinstance(val, list | tuple):
+        return len(val) > 0 and all(isinstance(v, torch.Tensor) for v in val)
+    return False
+
+
+MATMULS = frozenset(
+    {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default}
+)
+"""Matrix multiplies: BLAS calls (Inductor calls them as extern kernels on CPU, not fused)."""
+
+
+def is_matmul(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is a matrix multiply (:data:`MATMULS`)."""
+    return node.op == "call_function" and node.target in MATMULS
+
+
+def fusible(node: torch.fx.Node, inside: set[torch.fx.Node] | frozenset[torch.fx.Node]) -> bool:
+    """May ``node`` join a max-autotune segment whose nodes so far are ``inside``?
+
+    aten/prims operators with tensor results; no random ops (they keep eager's generator order);
+    no collectives; no mutation except ``copy_`` into a graph input (an input mutation's
+    write-back); ``getitem`` only of a node already in the segment.
+    """
+    if node.op != "call_function":
+        return False
+    target = node.target
+    if target is operator.getitem:
+        source = node.args[0]
+        return isinstance(source, torch.fx.Node) and source in inside
+    if not isinstance(target, OpOverload) or target.namespace not in _FUSIBLE_NAMESPACES:
+        return False
+    if not _is_tensor_value(node.meta.get("val")):
+        return False
+    found = effects(node)
+    if found.random or found.collective or found.collective_wait:
+        return False
+    if found.mutates:
+        dest = node.args[0] if node.args else None
+        return (
+            target is torch.ops.aten.copy_.default
+            and isinstance(dest, torch.fx.Node)
+            and dest.op == "placeholder"
+        )
+    return True
