@@ -43,7 +43,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("schedule", frozenset({"schedule"})),
     ("runtime", frozenset({"runtime"})),
     ("observers", frozenset({"observers", "debug"})),
-    ("backend", frozenset({"backend", "pipeline"})),
+    ("backend", frozenset({"backend", "pipeline", "finish", "cached_graph", "cache_key"})),
     (
         "applications",
         frozenset(
@@ -58,6 +58,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "bench",
                 "selftest",
                 "compat",
+                "compile_cache",
                 "examples",
                 "__main__",
             }

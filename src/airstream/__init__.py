@@ -11,6 +11,7 @@ _launch.prepare()  # `airstream run`: OpenMP's variables, before the imports bel
 
 from airstream import ops, passes
 from airstream.backend import get_backend, get_compiler, get_npu_backend
+from airstream.compile_cache import cache_compile
 from airstream.config import CompilerConfig
 from airstream.debug.profile import profile
 from airstream.errors import ConfigError, PassError, StreamError, TorchSupportError
@@ -24,6 +25,7 @@ __all__ = [
     "PassError",
     "StreamError",
     "TorchSupportError",
+    "cache_compile",
     "explain",
     "get_backend",
     "get_compiler",

@@ -31,6 +31,7 @@ __all__ = [
     "AIRSTREAM_HANDOFF",
     "AIRSTREAM_MODE",
     "OPENMP",
+    "TORCHAIR_CACHE_HOME",
     "TORCHDYNAMO_VERBOSE",
     "TORCH_COMPILE_DEBUG",
     "VARIABLES",
@@ -94,8 +95,9 @@ AIRSTREAM_CACHE_DIR: Variable[str | None] = Variable(
     "AIRSTREAM_CACHE_DIR",
     "a directory path",
     None,
-    "airstream's cache directory (the handoff extension, graph-dump manifests, "
-    "calibration.json); unset: $XDG_CACHE_HOME/airstream, else ~/.cache/airstream",
+    "airstream's cache directory (cache_compile's entries in compiled/, the handoff "
+    "extension, graph-dump manifests, calibration.json); unset: $XDG_CACHE_HOME/airstream, "
+    "else ~/.cache/airstream",
     ("airstream.cache_dir.cache_root",),
     _path,
 )
@@ -130,6 +132,15 @@ AIRSTREAM_COSTS: Variable[str] = Variable(
         "airstream.bench.calibrate.costs_report (airstream doctor)",
     ),
     _word("measured", "nominal"),
+)
+TORCHAIR_CACHE_HOME: Variable[str | None] = Variable(
+    "TORCHAIR_CACHE_HOME",
+    "a directory path",
+    None,
+    "TorchAir's: where torchair.inference.cache_compile keeps its entries when given no "
+    "cache_dir (unset: ./.torchair_cache)",
+    ("airstream.compat.torchair.cache.CompiledModel.get_cache_bin",),
+    _path,
 )
 AIRSTREAM_MODE: Variable[str | None] = Variable(
     "AIRSTREAM_MODE",
@@ -169,6 +180,7 @@ VARIABLES: dict[str, Variable[Any]] = {
         AIRSTREAM_HANDOFF,
         AIRSTREAM_COSTS,
         AIRSTREAM_MODE,
+        TORCHAIR_CACHE_HOME,
         TORCHDYNAMO_VERBOSE,
         TORCH_COMPILE_DEBUG,
     )

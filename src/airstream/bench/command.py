@@ -110,6 +110,15 @@ def run_bench(args: argparse.Namespace) -> int:
             return 2
         report = run_compile(models, rounds=_rounds(args, COMPILE_ROUNDS))
         text = format_compile(report)
+    elif args.name == "restart":
+        from airstream.bench.decode import DECODE_MODELS
+        from airstream.bench.restart import format_restart, run_restart
+
+        models = _models("restart", args.models, tuple(DECODE_MODELS))
+        if models is None:
+            return 2
+        report = run_restart(models[0] if args.models else "qwen2-moe", rounds=_rounds(args, 1))
+        text = format_restart(report)
     elif args.name == "tp":
         from airstream.bench.tp import format_tp, run_tp
 

@@ -150,10 +150,16 @@ def _alt_stream_model(name: str, device: str) -> Any:
 
 
 def decode_step(
-    model: Any, backend: Any, batch: int, prompt: int, max_len: int
+    model: Any,
+    backend: Any,
+    batch: int,
+    prompt: int,
+    max_len: int,
+    forward: Callable[..., Any] | None = None,
 ) -> tuple[Callable[[], torch.Tensor], float]:
-    """One runner: its cache filled by an eager prefill, and a function doing one decode step.
-    Returns the step and the seconds its first (compiling) call took."""
+    """One runner: its cache filled by an eager prefill, and a function doing one decode step
+    with ``torch.compile(model.forward, backend=backend)`` (``forward`` instead when given;
+    eager when both are None). Returns the step and the seconds its first call took."""
     import transformers
 
     cache: Any = transformers.StaticCache(config=model.config, max_cache_len=max_len)
@@ -167,7 +173,10 @@ def decode_step(
         model(input_ids=ids, **{name: cache}, use_cache=True)
     token = torch.randint(0, model.config.vocab_size, (batch, 1), generator=generator).to(device)
     position = torch.tensor([prompt], device=device)
-    forward = model.forward if backend is None else torch.compile(model.forward, backend=backend)
+    if forward is None and backend is not None:
+        forward = torch.compile(model.forward, backend=backend)
+    elif forward is None:
+        forward = model.forward
 
     lengths = [layer.cumulative_length for layer in cache.layers]
 

@@ -64,3 +64,30 @@ def doctor(args: argparse.Namespace) -> int:
     report = collect(recalibrate=args.recalibrate)
     print(json.dumps(report.as_dict(), indent=2) if args.json else format_report(report), end="")
     return 0 if report.healthy else 1
+
+
+def cache(args: argparse.Namespace) -> int:
+    """``airstream cache``: the compile cache's entries, or --clear them."""
+    import time
+    from pathlib import Path
+
+    from airstream.compile_cache import clear_entries, default_root, list_entries
+
+    root = Path(args.dir) if args.dir else default_root()
+    if args.clear:
+        count, size = clear_entries(root)
+        print(
+            f"removed {count} entr{'y' if count == 1 else 'ies'} ({size / 1e6:.1f} MB) from {root}"
+        )
+        return 0
+    entries = list_entries(root)
+    print(f"compile cache: {root}")
+    now = time.time()
+    for entry in entries:
+        age = (now - entry.modified) / 3600
+        print(
+            f"  {entry.function:<48} {entry.bytes / 1e6:>7.1f} MB  {age:>6.1f} h old  {entry.path}"
+        )
+    total = sum(e.bytes for e in entries)
+    print(f"  {len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, {total / 1e6:.1f} MB")
+    return 0

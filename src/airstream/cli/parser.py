@@ -25,6 +25,7 @@ _BENCHES = {
     "memory": "peak memory of a training step and of inference",
     "decode": "decode steps of transformers models (--models): tokens/s",
     "serving-loop": "models called alone and between eager sampling work",
+    "restart": "a new process's first call, cold and warm caches: torch.compile, cache_compile",
 }
 
 
@@ -192,6 +193,29 @@ def _add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     doctor.set_defaults(func=commands.doctor)
 
 
+def _add_cache(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``cache`` subcommand."""
+    cache = _command(
+        sub,
+        "cache",
+        "list or clear the compile cache (airstream.cache_compile's entries on disk)",
+        "List the entries of the on-disk compile cache: each compiled function, its file, its\n"
+        "size and age, and the total. The cache is airstream's cache directory's compiled/\n"
+        "($AIRSTREAM_CACHE_DIR, else $XDG_CACHE_HOME/airstream, else ~/.cache/airstream);\n"
+        "--dir reads another one, such as a TorchAir script's ./.torchair_cache. --clear\n"
+        "deletes the entries (the next call compiles again). Inductor keeps its own cache\n"
+        "($TORCHINDUCTOR_CACHE_DIR), which this command leaves alone.",
+        [
+            "airstream cache",
+            "airstream cache --clear",
+            "airstream cache --dir .torchair_cache",
+        ],
+    )
+    cache.add_argument("--dir", help="the cache directory to read (default: airstream's)")
+    cache.add_argument("--clear", action="store_true", help="delete every entry")
+    cache.set_defaults(func=commands.cache)
+
+
 def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The ``run`` subcommand."""
     run = _command(
@@ -235,7 +259,8 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--rounds",
         type=int,
         default=None,
-        help="interleaved rounds (default 15; compile: fresh compiles each, default 3)",
+        help="interleaved rounds (default 15; compile: fresh compiles each, default 3; "
+        "restart: cold/warm process pairs per case, default 1)",
     )
     bench.add_argument(
         "--calls", type=int, default=None, help="calls per round (overhead 100, moe 5)"
@@ -292,6 +317,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_demo, _add_explain, _add_selftest, _add_doctor, _add_run, _add_bench):
+    for add in (
+        _add_demo,
+        _add_explain,
+        _add_selftest,
+        _add_doctor,
+        _add_cache,
+        _add_run,
+        _add_bench,
+    ):
         add(sub)
     return parser

@@ -27,6 +27,21 @@ all of them on every supported torch).
 
 from __future__ import annotations
 
+from airstream.torch_internals.caching import (
+    aot_compile,
+    bundling_compile,
+    changed_source,
+    dump_graph,
+    global_names,
+    guards_pass,
+    load_compiled,
+    load_graph,
+    output_code_base,
+    save_compiled,
+    skip_guard_check,
+    takes_self,
+    traced_sources,
+)
 from airstream.torch_internals.core import (
     COLLECTIVE_NAMESPACES,
     FakeTensor,
@@ -149,6 +164,19 @@ from airstream.torch_internals.tools import (
 )
 
 __all__ = [
+    "aot_compile",
+    "bundling_compile",
+    "changed_source",
+    "dump_graph",
+    "global_names",
+    "guards_pass",
+    "load_compiled",
+    "load_graph",
+    "output_code_base",
+    "save_compiled",
+    "skip_guard_check",
+    "takes_self",
+    "traced_sources",
     "ControlDeps",
     "NativeObject",
     "control_deps_parts",

@@ -41,6 +41,7 @@ GROUPS: Mapping[str, str] = {
     "torchair": "the TorchAir compat layer (`airstream run --torchair`, set_dim_gears)",
     "native-streams": "torch.Stream, torch.Event and wait_stream in compiled model code",
     "inductor-pass": "airstream's stream passes as Inductor custom passes (airstream.inductor)",
+    "compile-cache": "airstream.cache_compile and TorchAir's cache_compile (compiled code on disk)",
     "cpu-streams": "worker-thread side streams on CPU (their matrix multiplies' thread count)",
     # reporting only: a missing one warns once and the report says "unknown"; nothing fails
     "diagnostics": "reports (cache hits, the graph-break warning, `airstream doctor`)",
@@ -58,6 +59,7 @@ PRIVATE_ATTRIBUTES = frozenset(
         "_RecordFunction",
         "_set_grad_enabled",
         "_c10d_functional",
+        "_artifacts",
     }
 )
 

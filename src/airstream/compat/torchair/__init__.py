@@ -18,7 +18,7 @@ import torch
 
 from airstream.backend import GraphCompiler
 from airstream.backend import get_compiler as _get_compiler
-from airstream.compat.torchair import core, inference, npu_profiler, ops, scope
+from airstream.compat.torchair import cache, core, inference, npu_profiler, ops, scope
 from airstream.compat.torchair.backend import TorchairBackend
 from airstream.compat.torchair.config import CompilerConfig
 from airstream.compat.torchair.install import install, installed_device
@@ -30,6 +30,7 @@ __all__ = [
     "core",
     "get_compiler",
     "get_npu_backend",
+    "cache",
     "inference",
     "install",
     "installed_device",

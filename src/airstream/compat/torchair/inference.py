@@ -1,21 +1,19 @@
 """``torchair.inference``: ``set_dim_gears`` and ``cache_compile``.
 
 ``set_dim_gears`` checks its argument as TorchAir does and marks the dims dynamic (the gears
-themselves pick GE graphs, which do not exist here). ``cache_compile`` compiles with airstream
-in this process; TorchAir's on-disk cache (reloading compiled code in a new process) is not
-reproduced, and the first call says so once.
+themselves pick GE graphs, which do not exist here). ``cache_compile`` and ``readable_cache``
+are airstream's on-disk compile cache in TorchAir's layout (:mod:`.cache`).
 """
 
 from __future__ import annotations
 
-import functools
-import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from airstream import torch_internals
+from airstream.compat.torchair.cache import cache_compile, readable_cache
 
 __all__ = ["cache_compile", "readable_cache", "set_dim_gears"]
 
@@ -63,45 +61,3 @@ def set_dim_gears(t: torch.Tensor, dim_gears: dict[int, list[int] | tuple[int, .
     for dim in dim_gears:
         torch_internals.mark_dynamic(t, dim)
     t.dim_gears = dim_gears  # type: ignore[attr-defined]
-
-
-@functools.cache
-def _say_no_disk_cache() -> None:
-    warnings.warn(
-        "airstream.compat.torchair: inference.cache_compile compiles with airstream in this "
-        "process; TorchAir's on-disk cache (compiled code reloaded by a new process, cache_dir) "
-        "is not reproduced off the NPU, so each process compiles once (this notice appears once)",
-        stacklevel=3,
-    )
-
-
-def cache_compile(
-    func: Callable[..., Any],
-    *,
-    config: Any = None,
-    dynamic: bool = True,
-    cache_dir: str | None = None,
-    global_rank: int | None = None,
-    tp_rank: int | None = None,
-    pp_rank: int | None = None,
-    custom_decompositions: Mapping[Any, Callable[..., Any]] | None = None,
-    ge_cache: bool = False,
-    **kwargs: Any,
-) -> Callable[..., Any]:
-    """``func`` compiled with airstream and TorchAir's ``config`` (compiled once per process).
-    ``ge_cache`` (GE's own compiled-graph cache) has nothing to cache here."""
-    from airstream.compat.torchair import get_npu_backend
-
-    if kwargs:
-        raise TypeError(f"cache_compile() got unexpected keyword arguments {sorted(kwargs)}")
-    _say_no_disk_cache()
-    backend = get_npu_backend(compiler_config=config, custom_decompositions=custom_decompositions)
-    return torch.compile(func, backend=backend, dynamic=dynamic)
-
-
-def readable_cache(cache_bin: str, print_output: bool = True, file: str | None = None) -> str:
-    """TorchAir's cache reader: there is no on-disk cache here to read."""
-    raise NotImplementedError(
-        f"torchair.inference.readable_cache({cache_bin!r}): airstream keeps no on-disk compile "
-        "cache (cache_compile compiles in the process), so there is no cache file to read"
-    )

@@ -180,6 +180,7 @@ def _torchair_modules() -> dict[str, types.ModuleType]:
         "torchair.scope": compat.scope,
         "torchair.ops": compat.ops,
         "torchair.inference": compat.inference,
+        "torchair.inference._cache_compiler": compat.cache,
         "torchair.configs": configs,
         "torchair.configs.compiler_config": compiler_config,
         "torchair.core": compat.core,

@@ -1,0 +1,150 @@
+"""``airstream bench restart``: the first call of a new process, cold and warm, as a serving
+process restarting sees it.
+
+Each case runs in fresh processes with its own cache directories (airstream's and Inductor's,
+emptied before the round): ``cold`` is the first process, ``warm`` a second one on the caches the
+first left. A process imports torch and transformers, builds the decode model (``bench decode``'s
+Qwen2-MoE-style model, random weights), fills a static KV cache with an eager prefill, and times
+its first decode step, which compiles (or loads) and runs. Cases:
+
+- ``inductor``: ``torch.compile(model.forward)`` (Inductor's FX graph and AOTAutograd caches);
+- ``airstream <mode>``: ``torch.compile`` with airstream's backend, per mode (``default`` is
+  max-autotune on CPU);
+- ``cache_compile <mode>``: :func:`airstream.cache_compile` on ``model.forward`` (the entry on
+  disk; max-autotune's segments from Inductor's cache).
+
+Medians of ``rounds`` cold/warm pairs; warm/cold is the figure the cache is judged by.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["RESTART_CASES", "format_restart", "run_restart"]
+
+RESTART_CASES = (
+    "inductor",
+    "airstream reduce-overhead",
+    "cache_compile reduce-overhead",
+    "airstream max-autotune",
+    "cache_compile max-autotune",
+)
+
+
+def _pair(model: str, case: str) -> dict[str, float]:
+    """One cold and one warm process of ``case``, on caches of their own."""
+    with tempfile.TemporaryDirectory(prefix="airstream-restart-") as root:
+        env = dict(
+            os.environ,
+            TORCHINDUCTOR_CACHE_DIR=os.path.join(root, "inductor"),
+            AIRSTREAM_CACHE_DIR=os.path.join(root, "airstream"),
+        )
+        out: dict[str, float] = {}
+        for state in ("cold", "warm"):
+            result = subprocess.run(
+                [sys.executable, "-m", "airstream.bench.restart", model, case],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=1800,
+            )
+            if result.returncode != 0:
+                raise RuntimeError(
+                    f"bench restart: {case} ({state}) failed:\n{result.stderr[-3000:]}"
+                )
+            report = json.loads(result.stdout.strip().splitlines()[-1])
+            out[state] = report["first_call"]
+            out[f"{state}_setup"] = report["setup"]
+            if case.startswith("cache_compile"):
+                out[f"{state}_loaded"] = report["loaded"]
+    return out
+
+
+def run_restart(
+    model: str = "qwen2-moe", cases: Sequence[str] = RESTART_CASES, rounds: int = 1
+) -> dict[str, Any]:
+    """Median first-call seconds, cold and warm, of each case."""
+    import torch
+
+    rows = []
+    for case in cases:
+        pairs = [_pair(model, case) for _ in range(rounds)]
+        row: dict[str, Any] = {"case": case}
+        for field in pairs[0]:
+            values = [p[field] for p in pairs]
+            row[field] = (
+                statistics.median(values)
+                if field.endswith(("cold", "warm", "setup"))
+                else all(values)
+            )
+        rows.append(row)
+    return {
+        "benchmark": "restart",
+        "model": model,
+        "rounds": rounds,
+        "torch": torch.__version__,
+        "rows": rows,
+    }
+
+
+def format_restart(report: dict[str, Any]) -> str:
+    """The report as a table."""
+    lines = [
+        f"first call of a new process, {report['model']} decode step (torch {report['torch']}; "
+        f"median of {report['rounds']} cold/warm pairs, each case on caches of its own)",
+        f"  {'case':<32}{'cold s':>8}{'warm s':>8}{'warm/cold':>11}{'setup s':>9}",
+    ]
+    for row in report["rows"]:
+        ratio = row["warm"] / row["cold"]
+        loaded = (
+            ""
+            if "warm_loaded" not in row
+            else ("  (loaded)" if row["warm_loaded"] else "  (NOT loaded)")
+        )
+        lines.append(
+            f"  {row['case']:<32}{row['cold']:>8.2f}{row['warm']:>8.2f}{ratio:>10.0%} "
+            f"{row['warm_setup']:>8.2f}{loaded}"
+        )
+    lines.append(
+        "  setup = the warm process's import, model build and eager prefill (not in the first call)"
+    )
+    return "\n".join(lines)
+
+
+def _child(model_name: str, case: str) -> dict[str, Any]:
+    start = time.perf_counter()
+    import torch
+
+    import airstream
+    from airstream.bench.decode import build_model, decode_step
+
+    model, _ = build_model(model_name)
+    kind, _, mode = case.partition(" ")
+    loaded = None
+    if kind == "inductor":
+        backend: Any = "inductor"
+    else:
+        config = airstream.CompilerConfig()
+        config.mode = mode
+        backend = airstream.get_backend(compiler_config=config)
+    if kind == "cache_compile":
+        cached = airstream.cache_compile(model.forward, config=config)
+        step, first = decode_step(model, None, 4, 32, 64, forward=cached)
+        loaded = cached.loaded
+    else:
+        step, first = decode_step(model, backend, 4, 32, 64)
+    del step, torch
+    setup = time.perf_counter() - start - first
+    return {"first_call": first, "setup": setup, "loaded": loaded}
+
+
+if __name__ == "__main__":
+    print(json.dumps(_child(sys.argv[1], sys.argv[2])))

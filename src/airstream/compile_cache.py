@@ -1,0 +1,304 @@
+"""``airstream.cache_compile``: compile a function once, keep the result on disk, and have the next
+process's first call load it instead of compiling.
+
+A cache entry is one function compiled for one set of inputs: Dynamo's bytecode and guards, the
+AOTAutograd wrappers and each graph as airstream's passes left it, saved by torch's own
+ahead-of-time compile (:mod:`airstream.torch_internals.caching`; the graphs are
+:mod:`airstream.cached_graph` objects), and beside it ``<entry>.json``: the key it was made for
+(:mod:`airstream.cache_key`), the source lines it traced and the modules its bytecode reads as
+globals. A load skips Dynamo's trace, AOTAutograd and the passes; it rebuilds each graph's plan
+and executor (max-autotune's segments come from Inductor's FX graph cache, which lives in
+Inductor's own cache directory, ``$TORCHINDUCTOR_CACHE_DIR``).
+
+A stale entry (made for other inputs, options, versions, or code that has changed since) or one
+that cannot be read is compiled again and overwritten, with one warning saying why. Calls check
+the inputs' tensor metadata and the grad mode (torch's portable guards) and compile another entry
+when they differ. The function must compile to one graph (``fullgraph``) and run forward only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import tempfile
+import threading
+import types
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from airstream import torch_internals
+from airstream.cache_dir import cache_root
+from airstream.cache_key import cache_key, digest
+from airstream.config import CompilerConfig
+
+__all__ = [
+    "CachedFunction",
+    "EntryInfo",
+    "cache_compile",
+    "clear_entries",
+    "default_root",
+    "entry_files",
+    "list_entries",
+]
+
+ENTRY_FILE = "compiled.bin"
+Locate = Callable[[Callable[..., Any], str], Path]
+
+
+def _default_location(root: Path) -> Locate:
+    def locate(fn: Callable[..., Any], key: str) -> Path:
+        name = getattr(fn, "__qualname__", type(fn).__name__).replace("<", "").replace(">", "")
+        return root / f"{name}-{key[:16]}" / ENTRY_FILE
+
+    return locate
+
+
+def entry_files(path: Path) -> tuple[Path, Path]:
+    """An entry's compiled file and its JSON record."""
+    return path, path.with_name(path.name + ".json")
+
+
+def _warn(message: str) -> None:
+    warnings.warn(f"airstream.cache_compile: {message}", stacklevel=4)
+
+
+class CachedFunction:
+    """``fn`` compiled through the on-disk cache (see :func:`cache_compile`)."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        config: CompilerConfig,
+        dynamic: bool | None,
+        locate: Locate,
+        backend: Callable[..., Any] | None = None,
+    ) -> None:
+        self.fn = fn
+        self.config = config
+        self.dynamic = dynamic
+        self.locate = locate
+        self.backend = backend
+        self.owner = fn.__self__ if isinstance(fn, types.MethodType) else None
+        self.loaded = False  # whether the last entry prepared came from disk
+        self.path: Path | None = None  # that entry's file
+        self._variants: tuple[tuple[Any, bool], ...] = ()  # (compiled, takes self) each
+        self._lock = threading.Lock()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as a stand-in: a module holding a cached method is pickled with the guards
+        of the compile that traces it, and a compile (its backend, its graphs) is no state."""
+        return (_stand_in, (getattr(self.fn, "__qualname__", "function"),))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        for compiled, self_first in self._variants:  # one, unless the inputs took two traces
+            full = (self.owner, *args) if self_first else args
+            if torch_internals.guards_pass(compiled, full, kwargs):
+                return compiled(*full, **kwargs)
+        compiled, self_first = self._prepare(args, kwargs)
+        full = (self.owner, *args) if self_first else args
+        return compiled(*full, **kwargs)
+
+    def _takes_self(self, compiled: Any) -> bool:
+        return self.owner is not None and torch_internals.takes_self(compiled, self.fn)
+
+    def _prepare(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Any, bool]:
+        """The entry for these inputs, loaded or compiled, added to the variants in use."""
+        with self._lock:
+            key = cache_key(self.fn, args, kwargs, self.config, self.dynamic)
+            path = self.locate(self.fn, digest(key))
+            compiled = self._load(path, key, args, kwargs)
+            self.loaded = compiled is not None
+            if compiled is None:
+                compiled = self._compile(path, key, args, kwargs)
+            torch_internals.skip_guard_check(compiled)  # __call__ checks them, once
+            variant = (compiled, self._takes_self(compiled))
+            self._variants = (*self._variants, variant)
+            self.path = path
+            return variant
+
+    def _load(
+        self, path: Path, key: Mapping[str, Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> Any:
+        binary, record_file = entry_files(path)
+        if not binary.exists():
+            return None
+        name = getattr(self.fn, "__qualname__", "the function")
+        try:
+            record = json.loads(record_file.read_text())
+        except (OSError, ValueError) as exc:
+            _warn(
+                f"the cache entry {binary} has no readable record ({exc}); compiling {name} again"
+            )
+            return None
+        different = sorted(k for k in key if record.get("key", {}).get(k) != key[k])
+        if different:
+            _warn(
+                f"the cache entry {binary} was made for another {', '.join(different)} "
+                f"(key fields that differ); compiling {name} again and replacing it"
+            )
+            return None
+        changed = torch_internals.changed_source([tuple(s) for s in record.get("sources", [])])
+        if changed is not None:
+            _warn(
+                f"the cache entry {binary} is stale: the source it traced at {changed} has "
+                f"changed since; compiling {name} again and replacing it"
+            )
+            return None
+        try:
+            modules = {n: importlib.import_module(m) for n, m in record["modules"].items()}
+            with binary.open("rb") as f:
+                compiled = torch_internals.load_compiled(f, {**_globals(self.fn), **modules})
+        except Exception as exc:
+            _warn(
+                f"the cache entry {binary} could not be loaded ({type(exc).__name__}: {exc}); "
+                f"compiling {name} again and replacing it"
+            )
+            return None
+        full = (self.owner, *args) if self._takes_self(compiled) else tuple(args)
+        if not torch_internals.guards_pass(compiled, full, kwargs):
+            _warn(
+                f"the cache entry {binary} does not accept these inputs (its guards fail: "
+                "tensor metadata, an input's value or the grad mode differ); compiling "
+                f"{name} again and replacing it"
+            )
+            return None
+        return compiled
+
+    def _compile(
+        self, path: Path, key: Mapping[str, Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> Any:
+        from airstream.backend import get_backend
+
+        backend = self.backend if self.backend is not None else get_backend(self.config)
+        compiled = torch_internals.aot_compile(self.fn, backend, args, kwargs, self.dynamic)
+        try:
+            _save(compiled, path, key, self.fn)
+        except Exception as exc:  # torch cannot pickle everything a function may close over
+            name = getattr(self.fn, "__qualname__", "the function")
+            _warn(
+                f"{name} is compiled but could not be saved to {path} ({type(exc).__name__}: "
+                f"{str(exc).strip()[:400]}); this process runs it compiled, and the next "
+                "compiles it again"
+            )
+        return compiled
+
+
+def _stand_in(name: str) -> str:
+    """What an unpickled CachedFunction is: its function's name."""
+    return f"<cached {name}>"
+
+
+def _globals(fn: Callable[..., Any]) -> dict[str, Any]:
+    func = fn.__func__ if isinstance(fn, types.MethodType) else fn
+    return dict(getattr(func, "__globals__", {}))
+
+
+def _modules_read(compiled: Any, fn: Callable[..., Any]) -> dict[str, str]:
+    """The globals the bytecode reads that hold modules (Dynamo names some by object id, so a
+    new process must be given them): name -> module name."""
+    scope = _globals(fn)
+    return {
+        name: scope[name].__name__
+        for name in torch_internals.global_names(compiled)
+        if isinstance(scope.get(name), types.ModuleType)
+    }
+
+
+def _save(compiled: Any, path: Path, key: Mapping[str, Any], fn: Callable[..., Any]) -> None:
+    """Write the entry atomically: a reader sees the old entry or the new one, never half."""
+    binary, record_file = entry_files(path)
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "key": dict(key),
+        "sources": torch_internals.traced_sources(compiled),
+        "modules": _modules_read(compiled, fn),
+    }
+    _atomic(binary, lambda tmp: torch_internals.save_compiled(compiled, tmp))
+    _atomic(record_file, lambda tmp: Path(tmp).write_text(json.dumps(record, indent=1)))
+
+
+def _atomic(target: Path, write: Callable[[str], Any]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def cache_compile(
+    fn: Callable[..., Any],
+    *,
+    config: CompilerConfig | None = None,
+    dynamic: bool | None = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> CachedFunction:
+    """``fn`` (a function or a bound method, e.g. ``model.forward``) compiled with airstream
+    through the on-disk compile cache: the first call of a process loads the entry made for its
+    inputs, options and versions, or compiles and saves one.
+
+    ``cache_dir`` defaults to ``<airstream's cache directory>/compiled``
+    (:func:`airstream.cache_dir.cache_root`). ``fn`` must compile to one graph and run forward
+    only (inference); ``dynamic`` is torch.compile's.
+    """
+    if not callable(fn):
+        raise TypeError(f"cache_compile() takes a function or a bound method, got {fn!r}")
+    if config is None:
+        config = CompilerConfig()
+    if not isinstance(config, CompilerConfig):
+        raise TypeError(f"config must be an airstream.CompilerConfig, got {type(config).__name__}")
+    torch_internals.require("compile-cache")
+    root = Path(cache_dir) if cache_dir is not None else default_root()
+    return CachedFunction(fn, config, dynamic, _default_location(root))
+
+
+@dataclasses.dataclass(frozen=True)
+class EntryInfo:
+    """One entry on disk: its compiled file, the function it compiles, its size and age."""
+
+    path: Path
+    function: str
+    bytes: int
+    modified: float
+
+
+def default_root() -> Path:
+    """Where :func:`cache_compile` keeps entries unless told otherwise."""
+    return cache_root() / "compiled"
+
+
+def list_entries(root: Path) -> list[EntryInfo]:
+    """Every entry under ``root`` (airstream's layout or TorchAir's), oldest first."""
+    found = []
+    for record_file in root.rglob("*.json") if root.is_dir() else ():
+        binary = record_file.with_name(record_file.name[: -len(".json")])
+        if not binary.is_file():
+            continue
+        try:
+            function = json.loads(record_file.read_text())["key"]["function"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        size = binary.stat().st_size + record_file.stat().st_size
+        found.append(EntryInfo(binary, str(function), size, binary.stat().st_mtime))
+    return sorted(found, key=lambda e: e.modified)
+
+
+def clear_entries(root: Path) -> tuple[int, int]:
+    """Delete every entry under ``root`` (and the directories left empty): (entries, bytes)."""
+    entries = list_entries(root)
+    for entry in entries:
+        binary, record_file = entry_files(entry.path)
+        binary.unlink(missing_ok=True)
+        record_file.unlink(missing_ok=True)
+        parent = binary.parent
+        while parent != root and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
+    return len(entries), sum(e.bytes for e in entries)

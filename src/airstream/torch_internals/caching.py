@@ -1,0 +1,236 @@
+"""Private torch APIs of the on-disk compile cache (:mod:`airstream.compile_cache`): Dynamo's
+ahead-of-time compile of a whole function (its bytecode, guards and backend result saved to one
+file), AOTAutograd's bundled cache entry (which pickles the backend's ``OutputCode``), FX's graph
+pickler, and the record of which source lines a compiled function traced."""
+
+from __future__ import annotations
+
+import dis
+import importlib
+import types
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, BinaryIO
+
+import torch
+import torch.fx
+
+from airstream.torch_internals.registry import _attr, _feature, _get, _takes
+
+# --- AOTAutograd and Inductor: what a backend returns to be saved -------------------------------
+
+
+@_feature(
+    "output_code",
+    "torch._inductor.output_code.OutputCode (__call__, post_compile, prepare_for_serialization)",
+    "compile-cache",
+    "the base class of a compiled graph AOTAutograd's bundled cache entry can pickle",
+)
+def _probe_output_code() -> type:
+    base = _attr("torch._inductor.output_code:OutputCode")
+    for name in ("__call__", "post_compile", "prepare_for_serialization", "set_triton_bundle"):
+        if not callable(getattr(base, name, None)):
+            raise AttributeError(f"OutputCode has no {name}()")
+    return base
+
+
+def output_code_base() -> type:
+    """Inductor's ``OutputCode``: a backend result AOTAutograd can bundle into a cache entry."""
+    found: type = _get("output_code")
+    return found
+
+
+@_feature(
+    "bundled_autograd_cache",
+    "torch._functorch._aot_autograd.autograd_cache.should_bundle_autograd_cache()",
+    "compile-cache",
+    "knowing that AOTAutograd will pickle this compile's result (an ahead-of-time compile)",
+)
+def _probe_bundled() -> Callable[[], bool]:
+    found: Callable[[], bool] = _attr(
+        "torch._functorch._aot_autograd.autograd_cache:should_bundle_autograd_cache"
+    )
+    return found
+
+
+def bundling_compile() -> bool:
+    """Whether AOTAutograd will save the compiled graph being built (torch's ahead-of-time
+    compile sets this): only then does the graph need to be picklable."""
+    return bool(_get("bundled_autograd_cache")())
+
+
+@_feature(
+    "graph_pickler",
+    "torch.fx._graph_pickler.GraphPickler.dumps(gm, Options(ops_filter=None)) / "
+    ".loads(data, fake_mode)",
+    "compile-cache",
+    "saving a graph with its node metadata (fake tensors included)",
+)
+def _probe_graph_pickler() -> tuple[Any, Any]:
+    pickler = _attr("torch.fx._graph_pickler:GraphPickler")
+    options = _attr("torch.fx._graph_pickler:Options")
+    _takes(options, "ops_filter")
+    return pickler, options
+
+
+def dump_graph(gm: torch.fx.GraphModule) -> bytes:
+    """``gm`` (its code, nodes and node metadata) as bytes."""
+    pickler, options = _get("graph_pickler")
+    data: bytes = pickler.dumps(gm, options(ops_filter=None))
+    return data
+
+
+def load_graph(data: bytes) -> torch.fx.GraphModule:
+    """A graph saved by :func:`dump_graph`; its fake tensors join the fake mode of the compile
+    in progress (a new one outside any)."""
+    from torch._guards import detect_fake_mode
+    from torch._subclasses import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    pickler, _ = _get("graph_pickler")
+    fake_mode = detect_fake_mode() or FakeTensorMode(shape_env=ShapeEnv())
+    gm = pickler.loads(data, fake_mode)
+    if not isinstance(gm, torch.fx.GraphModule):
+        raise TypeError(f"the saved graph loaded as {type(gm).__name__}, not a GraphModule")
+    return gm
+
+
+# --- Dynamo: a whole function compiled ahead of time, saved and loaded ------------------------
+
+
+@_feature(
+    "aot_compile",
+    "torch.compile(fn, fullgraph=True, options={'guard_filter_fn': "
+    "torch.compiler.keep_portable_guards_unsafe}).aot_compile((args, kwargs)) -> "
+    "AOTCompiledFunction (save_compiled_function, guard_check, disable_guard_check, "
+    "source_info, _artifacts.runtime_env.bytecode)",
+    "compile-cache",
+    "compiling a function once and saving its bytecode, guards and compiled graphs",
+)
+def _probe_aot_compile() -> type:
+    found: type = _attr("torch._dynamo.aot_compile:AOTCompiledFunction")
+    for name in ("save_compiled_function", "guard_check", "disable_guard_check"):
+        if not callable(getattr(found, name, None)):
+            raise AttributeError(f"AOTCompiledFunction has no {name}()")
+    _attr("torch.compiler:keep_portable_guards_unsafe")
+    _attr("torch.compiler:load_compiled_function")
+    return found
+
+
+def aot_compile(
+    fn: Callable[..., Any],
+    backend: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    dynamic: bool | None,
+) -> Any:
+    """``fn`` traced by Dynamo in one graph and compiled by ``backend`` for these inputs, ahead
+    of time: a callable taking ``fn``'s arguments (a bound method's ``self`` first) that checks
+    the inputs' tensor metadata and the global state (grad mode, ...) on each call."""
+    _get("aot_compile")
+    compiled = torch.compile(
+        fn, fullgraph=True, dynamic=dynamic, backend=backend, options={"guard_filter_fn": _guards}
+    )
+    return compiled.aot_compile((tuple(args), dict(kwargs)))  # type: ignore[attr-defined]
+
+
+_VALUE_GUARDS = ("CONSTANT_MATCH", "EQUALS_MATCH")
+
+
+def _guards(entries: Sequence[Any]) -> list[bool]:
+    """The guards a saved function keeps: torch's portable ones (tensor metadata, global
+    state, dynamic shapes) and those on the plain values the inputs hold (a flag, a count:
+    the trace took one branch for them); not those on module attributes or globals, which
+    identify objects of the process that compiled."""
+    portable = torch.compiler.keep_portable_guards_unsafe(entries)
+    return [
+        keep or (e.guard_type in _VALUE_GUARDS and not e.is_global)
+        for keep, e in zip(portable, entries, strict=True)
+    ]
+
+
+def save_compiled(compiled: Any, path: str) -> None:
+    """Write an ahead-of-time compiled function to ``path``."""
+    compiled.save_compiled_function(path)
+
+
+def load_compiled(file: BinaryIO, f_globals: Mapping[str, Any]) -> Any:
+    """A function saved by :func:`save_compiled`, its bytecode bound to ``f_globals``."""
+    _get("aot_compile")
+    return torch.compiler.load_compiled_function(file, f_globals=dict(f_globals))  # type: ignore[arg-type]
+
+
+def guards_pass(compiled: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+    """Whether the inputs meet the guards ``compiled`` was saved with."""
+    return bool(compiled.guard_check(*args, **kwargs))
+
+
+def skip_guard_check(compiled: Any) -> None:
+    """Have ``compiled`` skip its own guard check (the caller checks with :func:`guards_pass`)."""
+    compiled.disable_guard_check()
+
+
+def takes_self(compiled: Any, method: Any) -> bool:
+    """Whether ``compiled`` (from a bound method) takes the method's ``self`` first: it does when
+    Dynamo traced the method's own function, not a wrapper holding ``self`` itself."""
+    func = getattr(method, "__func__", None)
+    code = compiled._artifacts.original_code
+    own = getattr(func, "__code__", None)
+    return own is not None and (code.co_name, code.co_code) == (own.co_name, own.co_code)
+
+
+def _code_objects(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _code_objects(const)
+
+
+def global_names(compiled: Any) -> set[str]:
+    """The global names the compiled function's bytecode reads."""
+    bytecode = compiled._artifacts.runtime_env.bytecode
+    return {
+        str(ins.argval)
+        for code in _code_objects(bytecode)
+        for ins in dis.get_instructions(code)
+        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and ins.argval
+    }
+
+
+@_feature(
+    "traced_sources",
+    "AOTCompiledFunction.source_info.inlined_sources (module, firstlineno, lastlineno, "
+    "checksum) and torch._dynamo.package._hash_sourcelines",
+    "compile-cache",
+    "telling that source code a saved function traced has changed since",
+)
+def _probe_traced_sources() -> Callable[..., str]:
+    inlined = _attr("torch._dynamo.package:InlinedSource")
+    fields = getattr(inlined, "__dataclass_fields__", {})
+    missing = {"module", "firstlineno", "lastlineno", "checksum"} - set(fields)
+    if missing:
+        raise AttributeError(f"InlinedSource has no {sorted(missing)}")
+    found: Callable[..., str] = _attr("torch._dynamo.package:_hash_sourcelines")
+    return found
+
+
+def traced_sources(compiled: Any) -> list[tuple[str, int, int, str]]:
+    """The source lines a compiled function traced: (module, first line, last line, checksum)."""
+    _get("traced_sources")
+    info = compiled.source_info
+    info = info() if callable(info) else info  # a method on some releases, a property on others
+    return sorted((s.module, s.firstlineno, s.lastlineno, s.checksum) for s in info.inlined_sources)
+
+
+def changed_source(sources: Sequence[tuple[str, int, int, str]]) -> str | None:
+    """The first of ``sources`` whose lines are not what they were, as ``module:first-last``
+    (None when all are the same)."""
+    hash_lines = _get("traced_sources")
+    for module_name, first, last, checksum in sources:
+        try:
+            module = importlib.import_module(module_name)
+            same = hash_lines(module, first, last) == checksum
+        except (ImportError, OSError, TypeError):
+            same = False
+        if not same:
+            return f"{module_name}:{first}-{last}"
+    return None

@@ -1,0 +1,240 @@
+"""airstream.cache_compile: a function compiled once, saved, and loaded by the next process.
+
+Each new-process test runs a small program (written to tmp_path with the model it compiles)
+twice or more with the same cache directory: the first compiles and saves, the next loads. The
+program prints what it saw: whether its entry loaded, whether the user's pass ran, whether the
+graph it runs holds the pass's stream block, and the result, checked against eager there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tests.conftest import slow
+
+import airstream
+from airstream.cache_key import pass_identity
+
+_MODEL = """
+import torch
+
+def scale(x):
+    return x * 2
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return scale(torch.relu(self.linear(x))) + torch.sin(x)
+"""
+
+_PROGRAM = """
+import json, sys, warnings
+import torch, airstream, airstream.pipeline as pipeline, airstream.cached_graph as cached_graph
+from model import Model
+
+ran, graphs = [], []
+def side_stream(gm, example_inputs, config):
+    ran.append(1)
+    sin = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.sin.default)
+    with gm.graph.inserting_before(sin):
+        gm.graph.call_function(torch.ops.air.scope_enter, (["_user_stream_label"], ["s1"]))
+    with gm.graph.inserting_after(sin):
+        gm.graph.call_function(torch.ops.air.scope_exit, ())
+    gm.recompile()
+
+finish = pipeline.finish_graph
+def record(gm, *args, **kwargs):
+    graphs.append([str(n.target) for n in gm.graph.nodes])
+    return finish(gm, *args, **kwargs)
+pipeline.finish_graph = cached_graph.finish_graph = record  # compiling, loading
+
+torch.manual_seed(0)
+model = Model()
+config = airstream.CompilerConfig()
+config.post_grad_custom_pre_pass = side_stream
+fn = airstream.cache_compile(model.forward, config=config, cache_dir=sys.argv[1])
+shapes = [int(s) for s in sys.argv[2].split(",")]
+with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+    warnings.simplefilter("always")
+    for rows in shapes:
+        x = torch.randn(rows, 8)
+        torch.testing.assert_close(fn(x), model(x))
+print(json.dumps({
+    "loaded": fn.loaded,
+    "pass_ran": len(ran),
+    "stream_block": any("air.scope_enter" in t for g in graphs for t in g),
+    "warnings": [str(w.message) for w in caught if "cache_compile" in str(w.message)],
+}))
+"""
+
+
+def _setup(tmp_path: Path) -> Path:
+    (tmp_path / "model.py").write_text(textwrap.dedent(_MODEL))
+    (tmp_path / "program.py").write_text(textwrap.dedent(_PROGRAM))
+    return tmp_path / "cache"
+
+
+def _run(tmp_path: Path, shapes: str = "4") -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, str(tmp_path / "program.py"), str(tmp_path / "cache"), shapes],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    report: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return report
+
+
+def _entry(cache: Path) -> Path:
+    (binary,) = cache.glob("*/compiled.bin")
+    return binary
+
+
+def test_a_new_process_loads_the_entry_and_skips_the_passes(tmp_path: Path) -> None:
+    cache = _setup(tmp_path)
+    first = _run(tmp_path)
+    assert first == {"loaded": False, "pass_ran": 1, "stream_block": True, "warnings": []}
+    second = _run(tmp_path)
+    # loaded: the user's pass did not run, and the graph rebuilt holds its stream block
+    assert second == {"loaded": True, "pass_ran": 0, "stream_block": True, "warnings": []}
+    record = json.loads(_entry(cache).with_name("compiled.bin.json").read_text())
+    assert record["key"]["function"] == "model.Model.forward"
+    assert any(m == "model" for m, *_ in record["sources"])
+
+
+def test_a_changed_source_is_compiled_again_with_one_warning(tmp_path: Path) -> None:
+    _setup(tmp_path)
+    _run(tmp_path)
+    model = tmp_path / "model.py"
+    model.write_text(model.read_text().replace("return x * 2", "return x * 3"))
+    stale = _run(tmp_path)  # the program checks the result against eager: x * 3
+    assert not stale["loaded"] and stale["pass_ran"] == 1
+    assert len(stale["warnings"]) == 1
+    assert "is stale: the source it traced at model:" in stale["warnings"][0]
+    assert _run(tmp_path)["loaded"]  # the entry written over it loads
+
+
+def test_a_corrupt_entry_is_compiled_again_with_one_warning(tmp_path: Path) -> None:
+    cache = _setup(tmp_path)
+    _run(tmp_path)
+    binary = _entry(cache)
+    binary.write_bytes(binary.read_bytes()[:1000])
+    broken = _run(tmp_path)
+    assert not broken["loaded"] and len(broken["warnings"]) == 1
+    assert "could not be loaded" in broken["warnings"][0]
+    assert "compiling Model.forward again and replacing it" in broken["warnings"][0]
+    assert _run(tmp_path)["loaded"]
+
+
+@slow(
+    "two compiles in one process, then a load of both (20 s)",
+    "tests/test_compile_cache.py::test_in_process_results_and_a_second_shape",
+)
+def test_each_input_shape_has_its_own_entry(tmp_path: Path) -> None:
+    cache = _setup(tmp_path)
+    assert not _run(tmp_path, "4,6")["loaded"]
+    assert len(list(cache.glob("*/compiled.bin"))) == 2
+    again = _run(tmp_path, "4,6")
+    assert again["loaded"] and again["pass_ran"] == 0 and again["warnings"] == []
+
+
+class Small(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.linear(x))
+
+
+def test_in_process_results_and_a_second_shape(tmp_path: Path) -> None:
+    model = Small()
+    cached = airstream.cache_compile(model.forward, cache_dir=tmp_path)
+    with torch.no_grad():
+        for rows in (3, 5):
+            x = torch.randn(rows, 8)
+            torch.testing.assert_close(cached(x), model(x))
+            assert cached.path is not None and cached.path.exists()
+    assert len(list(tmp_path.glob("*/compiled.bin"))) == 2
+
+
+class Branchy(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, is_prompt: bool) -> torch.Tensor:
+        y = self.linear(x)
+        return y * 2 if is_prompt else y - 1
+
+
+def test_an_input_value_the_trace_branched_on_gets_its_own_entry(tmp_path: Path) -> None:
+    model = Branchy()
+    cached = airstream.cache_compile(model.forward, cache_dir=tmp_path)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        for flag in (True, False, True, False):  # each call takes the branch its flag says
+            torch.testing.assert_close(cached(x, flag), model(x, flag))
+    assert len(cached._variants) == 2  # both kept in memory: no reload per call
+    assert len(list(tmp_path.glob("*/compiled.bin"))) == 2
+    again = airstream.cache_compile(model.forward, cache_dir=tmp_path)
+    with torch.no_grad():
+        torch.testing.assert_close(again(x, False), model(x, False))
+    assert again.loaded
+
+
+def test_what_torch_cannot_save_runs_compiled_with_one_warning(tmp_path: Path) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    cached = airstream.cache_compile(model.forward, cache_dir=tmp_path)
+    x = torch.randn(3, 8)
+    with pytest.warns(UserWarning, match="could not be saved") as record, torch.no_grad():
+        torch.testing.assert_close(cached(x), model(x))
+        torch.testing.assert_close(cached(x), model(x))
+    assert len(record) == 1
+    assert "Sequential.forward" in str(record[0].message)
+    assert not list(tmp_path.glob("*/compiled.bin"))
+
+
+def test_pass_identity_tells_passes_apart() -> None:
+    def make(regex: str) -> Any:
+        def graph_pass(gm: Any, example_inputs: Any, config: Any) -> None:
+            print(regex)
+
+        return graph_pass
+
+    class Inductorish:
+        def __init__(self, version: str) -> None:
+            self.version = version
+
+        def __call__(self, graph: Any) -> None: ...
+
+        def uuid(self) -> str:
+            return self.version
+
+    assert pass_identity(make("a")) == pass_identity(make("a"))
+    assert pass_identity(make("a")) != pass_identity(make("b"))  # the values it closes over
+    assert pass_identity(lambda g, e, c: None) != pass_identity(lambda g, e, c: g)  # its code
+    assert pass_identity(Inductorish("v1")) == "uuid:v1"
+    assert pass_identity(Inductorish("v1")) != pass_identity(Inductorish("v2"))
+
+
+def test_bad_arguments_are_named() -> None:
+    with pytest.raises(TypeError, match="takes a function or a bound method"):
+        airstream.cache_compile(3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="config must be an airstream.CompilerConfig"):
+        airstream.cache_compile(torch.sin, config={"mode": "reduce-overhead"})  # type: ignore[arg-type]
