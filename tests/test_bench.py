@@ -19,6 +19,7 @@ def test_overhead_report_structure() -> None:
         "airstream executor",
         "airstream torch.compile",
         "aot_eager torch.compile",
+        "airstream cache_compile",
     }
     assert 0 < report["us_profiler_check_per_call"] < 100
     assert report["results"]["fx.GraphModule"]["ratio_vs_graphmodule"] == pytest.approx(1.0)

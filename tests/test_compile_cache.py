@@ -238,3 +238,24 @@ def test_bad_arguments_are_named() -> None:
         airstream.cache_compile(3)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="config must be an airstream.CompilerConfig"):
         airstream.cache_compile(torch.sin, config={"mode": "reduce-overhead"})  # type: ignore[arg-type]
+
+
+def test_what_torch_cannot_compile_ahead_of_time_runs_in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airstream import compile_cache, torch_internals
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise torch_internals.package_error()("ID_MATCH guard cannot be serialized.")
+
+    monkeypatch.setattr(compile_cache.torch_internals, "aot_compile", refuse)
+    model = Small()
+    cached = airstream.cache_compile(model.forward, cache_dir=tmp_path)
+    x = torch.randn(3, 8)
+    with pytest.warns(UserWarning, match="cannot be compiled ahead of time") as record:
+        with torch.no_grad():
+            torch.testing.assert_close(cached(x), model(x))
+            torch.testing.assert_close(cached(x), model(x))
+    assert len(record) == 1
+    assert "ID_MATCH guard cannot be serialized" in str(record[0].message)
+    assert not list(tmp_path.glob("*/compiled.bin"))

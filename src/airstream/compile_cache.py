@@ -30,6 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from airstream import torch_internals
 from airstream.cache_dir import cache_root
 from airstream.cache_key import cache_key, digest
@@ -103,7 +105,9 @@ class CachedFunction:
         return compiled(*full, **kwargs)
 
     def _takes_self(self, compiled: Any) -> bool:
-        return self.owner is not None and torch_internals.takes_self(compiled, self.fn)
+        if self.owner is None or isinstance(compiled, _InProcess):  # a bound method as given
+            return False
+        return torch_internals.takes_self(compiled, self.fn)
 
     def _prepare(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Any, bool]:
         """The entry for these inputs, loaded or compiled, added to the variants in use."""
@@ -174,17 +178,41 @@ class CachedFunction:
         from airstream.backend import get_backend
 
         backend = self.backend if self.backend is not None else get_backend(self.config)
-        compiled = torch_internals.aot_compile(self.fn, backend, args, kwargs, self.dynamic)
+        name = getattr(self.fn, "__qualname__", "the function")
+        try:
+            compiled = torch_internals.aot_compile(self.fn, backend, args, kwargs, self.dynamic)
+        except torch_internals.package_error() as exc:  # what torch cannot save, e.g. a guard
+            _warn(
+                f"{name} cannot be compiled ahead of time ({exc}); it is compiled in this "
+                "process with torch.compile and not saved, so the next process compiles it too"
+            )
+            return _InProcess(torch.compile(self.fn, backend=backend, dynamic=self.dynamic))
         try:
             _save(compiled, path, key, self.fn)
         except Exception as exc:  # torch cannot pickle everything a function may close over
-            name = getattr(self.fn, "__qualname__", "the function")
             _warn(
                 f"{name} is compiled but could not be saved to {path} ({type(exc).__name__}: "
                 f"{str(exc).strip()[:400]}); this process runs it compiled, and the next "
                 "compiles it again"
             )
         return compiled
+
+
+class _InProcess:
+    """A function torch.compile compiled in this process (Dynamo guards and recompiles it):
+    what runs when torch cannot compile it ahead of time."""
+
+    def __init__(self, compiled: Callable[..., Any]) -> None:
+        self.compiled = compiled
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.compiled(*args, **kwargs)
+
+    def guard_check(self, *args: Any, **kwargs: Any) -> bool:
+        return True
+
+    def disable_guard_check(self) -> None:
+        """Dynamo checks its own guards."""
 
 
 def _stand_in(name: str) -> str:

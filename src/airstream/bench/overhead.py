@@ -8,7 +8,9 @@ aten graph are timed interleaved (medians):
 - ``airstream executor``: airstream's serial executor called directly,
 - ``airstream torch.compile``: the whole compiled call (Dynamo guards, AOTAutograd wrapper),
 - ``aot_eager torch.compile``: PyTorch's own AOTAutograd backend, for the fixed per-call cost that
-  any AOTAutograd backend pays.
+  any AOTAutograd backend pays,
+- ``airstream cache_compile``: the same compile through the on-disk compile cache
+  (:func:`airstream.cache_compile`: its guards are checked by airstream, not by Dynamo).
 
 It also measures what one side stream costs a call (handoff, events, join), at the process's
 intra-op threads: a two-op graph with one op on a side stream, on the caller's OpenMP team (the
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import _thread
 import queue
+import tempfile
 import threading
 from typing import Any
 
@@ -29,6 +32,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from airstream.backend import get_backend
 from airstream.bench.timing import interleaved_medians, run_conditions
+from airstream.compile_cache import cache_compile
 from airstream.config import CompilerConfig
 from airstream.runtime.handoff import describe as describe_handoff
 
@@ -76,8 +80,11 @@ def _measure(ops: int, rounds: int, calls: int) -> dict[str, Any]:
     compiled(x)
     aot_eager = torch.compile(fn, backend="aot_eager", dynamic=False)
     executor = backend.graphs[-1].executor
+    with tempfile.TemporaryDirectory(prefix="airstream-overhead-") as cache_dir:
+        cached = cache_compile(fn, config=_aten_config(), cache_dir=cache_dir)
+        cached(x)
     expected = fn(x)
-    for runner in (gm(x), executor([x])[0], compiled(x), aot_eager(x)):
+    for runner in (gm(x), executor([x])[0], compiled(x), aot_eager(x), cached(x)):
         torch.testing.assert_close(runner, expected)
     medians = interleaved_medians(
         {
@@ -86,6 +93,7 @@ def _measure(ops: int, rounds: int, calls: int) -> dict[str, Any]:
             "airstream executor": lambda: executor([x]),
             "airstream torch.compile": lambda: compiled(x),
             "aot_eager torch.compile": lambda: aot_eager(x),
+            "airstream cache_compile": lambda: cached(x),
         },
         rounds=rounds,
         calls_per_round=calls,

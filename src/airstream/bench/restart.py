@@ -30,6 +30,8 @@ from typing import Any
 
 __all__ = ["RESTART_CASES", "format_restart", "run_restart"]
 
+STEPS = 10  # decode steps timed after the first call (their median: the steady state)
+
 RESTART_CASES = (
     "inductor",
     "airstream reduce-overhead",
@@ -63,6 +65,7 @@ def _pair(model: str, case: str) -> dict[str, float]:
             report = json.loads(result.stdout.strip().splitlines()[-1])
             out[state] = report["first_call"]
             out[f"{state}_setup"] = report["setup"]
+            out[f"{state}_step_ms"] = report["step_ms"]
             if case.startswith("cache_compile"):
                 out[f"{state}_loaded"] = report["loaded"]
     return out
@@ -82,7 +85,7 @@ def run_restart(
             values = [p[field] for p in pairs]
             row[field] = (
                 statistics.median(values)
-                if field.endswith(("cold", "warm", "setup"))
+                if not field.endswith("_loaded")
                 else all(values)
             )
         rows.append(row)
@@ -100,7 +103,7 @@ def format_restart(report: dict[str, Any]) -> str:
     lines = [
         f"first call of a new process, {report['model']} decode step (torch {report['torch']}; "
         f"median of {report['rounds']} cold/warm pairs, each case on caches of its own)",
-        f"  {'case':<32}{'cold s':>8}{'warm s':>8}{'warm/cold':>11}{'setup s':>9}",
+        f"  {'case':<32}{'cold s':>8}{'warm s':>8}{'warm/cold':>11}{'setup s':>9}{'step ms':>9}",
     ]
     for row in report["rows"]:
         ratio = row["warm"] / row["cold"]
@@ -111,10 +114,11 @@ def format_restart(report: dict[str, Any]) -> str:
         )
         lines.append(
             f"  {row['case']:<32}{row['cold']:>8.2f}{row['warm']:>8.2f}{ratio:>10.0%} "
-            f"{row['warm_setup']:>8.2f}{loaded}"
+            f"{row['warm_setup']:>8.2f}{row['warm_step_ms']:>9.1f}{loaded}"
         )
     lines.append(
-        "  setup = the warm process's import, model build and eager prefill (not in the first call)"
+        "  setup = the warm process's import, model build and eager prefill (not in the first "
+        "call); step = the median of the warm process's next 10 decode steps"
     )
     return "\n".join(lines)
 
@@ -141,9 +145,19 @@ def _child(model_name: str, case: str) -> dict[str, Any]:
         loaded = cached.loaded
     else:
         step, first = decode_step(model, backend, 4, 32, 64)
-    del step, torch
     setup = time.perf_counter() - start - first
-    return {"first_call": first, "setup": setup, "loaded": loaded}
+    steps = []
+    for _ in range(STEPS):
+        began = time.perf_counter()
+        step()
+        steps.append(time.perf_counter() - began)
+    del torch
+    return {
+        "first_call": first,
+        "setup": setup,
+        "loaded": loaded,
+        "step_ms": 1e3 * statistics.median(steps),
+    }
 
 
 if __name__ == "__main__":

@@ -113,6 +113,7 @@ def _probe_aot_compile() -> type:
             raise AttributeError(f"AOTCompiledFunction has no {name}()")
     _attr("torch.compiler:keep_portable_guards_unsafe")
     _attr("torch.compiler:load_compiled_function")
+    _attr("torch._dynamo.exc:PackageError")
     return found
 
 
@@ -143,9 +144,21 @@ def _guards(entries: Sequence[Any]) -> list[bool]:
     identify objects of the process that compiled."""
     portable = torch.compiler.keep_portable_guards_unsafe(entries)
     return [
-        keep or (e.guard_type in _VALUE_GUARDS and not e.is_global)
+        keep
+        or (
+            e.guard_type in _VALUE_GUARDS
+            and not e.is_global
+            and isinstance(e.value, (bool, int, float, str, type(None)))
+        )
         for keep, e in zip(portable, entries, strict=True)
     ]
+
+
+def package_error() -> type[Exception]:
+    """The exception torch raises for what an ahead-of-time compile cannot save (a guard on an
+    object's identity, a class defined in a function)."""
+    found: type[Exception] = _attr("torch._dynamo.exc:PackageError")
+    return found
 
 
 def save_compiled(compiled: Any, path: str) -> None:

@@ -29,12 +29,13 @@ from airstream.torch_internals.registry import (
     "inductor_compile",
     "torch._inductor.compile_fx.compile_fx_inner(is_inference, is_backward), "
     "torch._inductor.config.cpp.threads, .triton.cudagraphs and .fx_graph_cache, "
+    "torch._functorch.config.bundled_autograd_cache, "
     "torch._guards.TracingContext/tracing and the compiled "
     "graph's source_code",
     "max-autotune",
     'compiling each segment with Inductor in mode="max-autotune"',
 )
-def _probe_inductor_compile() -> tuple[Callable[..., Any], Any, Any, Any]:
+def _probe_inductor_compile() -> tuple[Callable[..., Any], Any, Any, Any, Any]:
     compile_inner = _attr("torch._inductor.compile_fx:compile_fx_inner")
     _takes(compile_inner, "is_inference", "is_backward")
     config = _attr("torch._inductor:config")
@@ -48,7 +49,10 @@ def _probe_inductor_compile() -> tuple[Callable[..., Any], Any, Any, Any]:
     output_code = _attr("torch._inductor.output_code:CompiledFxGraph")
     if "source_code" not in getattr(output_code, "__dataclass_fields__", {}):
         raise AttributeError("CompiledFxGraph has no source_code field")
-    return compile_inner, config, context, tracing
+    functorch = _attr("torch._functorch:config")
+    if not isinstance(functorch.bundled_autograd_cache, bool):
+        raise AttributeError("torch._functorch.config.bundled_autograd_cache is not a bool option")
+    return compile_inner, config, context, tracing, functorch
 
 
 @_feature(
@@ -97,7 +101,7 @@ def _compound_symint(value: Any) -> bool:
 
 @contextlib.contextmanager
 def _inductor_context(fake_mode: Any, threads: int, graph_cache: bool = True) -> Iterator[None]:
-    _, config, context, tracing = _get("inductor_compile")
+    _, config, context, tracing, functorch = _get("inductor_compile")
     # A segment is one step of airstream's plan: Inductor must not wrap it in a CUDA graph of its
     # own (torch.compile(mode="reduce-overhead") or a user's config turns that on globally).
     patches: dict[str, Any] = {"triton.cudagraphs": False}
@@ -105,7 +109,15 @@ def _inductor_context(fake_mode: Any, threads: int, graph_cache: bool = True) ->
         patches["cpp.threads"] = threads
     if not graph_cache:
         patches["fx_graph_cache"] = False
-    with tracing(context(fake_mode)), config.patch(patches):
+    # An ahead-of-time compile (airstream.cache_compile) bundles airstream's graphs itself, and
+    # its bundling switch turns Inductor's FX graph cache off: each segment must still go to that
+    # cache, where loading the saved function finds it. Loading sets enable_autograd_for_aot
+    # (for Inductor's own saved graphs), which is in the FX cache's key: a segment compiled at
+    # load must have the key it was saved under.
+    bundling = functorch.patch(bundled_autograd_cache=False)
+    if hasattr(config, "enable_autograd_for_aot"):
+        patches["enable_autograd_for_aot"] = False
+    with tracing(context(fake_mode)), config.patch(patches), bundling:
         yield
 
 
