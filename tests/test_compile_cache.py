@@ -86,7 +86,13 @@ def _setup(tmp_path: Path) -> Path:
 
 
 def _run(tmp_path: Path, shapes: str = "4") -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    # Inductor's and AOTAutograd's caches too are the test's own: AOTAutograd would serve an
+    # entry an earlier run made for the same key (correctly, but the pass would not run)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tmp_path),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+    }
     result = subprocess.run(
         [sys.executable, str(tmp_path / "program.py"), str(tmp_path / "cache"), shapes],
         capture_output=True,
@@ -259,3 +265,32 @@ def test_what_torch_cannot_compile_ahead_of_time_runs_in_process(
     assert len(record) == 1
     assert "ID_MATCH guard cannot be serialized" in str(record[0].message)
     assert not list(tmp_path.glob("*/compiled.bin"))
+
+
+def test_a_different_pass_is_never_served_a_graph_compiled_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the same function and inputs under another pass: neither airstream's entry nor
+    # AOTAutograd's own cache (keyed without airstream's options) may serve the first compile.
+    # Inductor's cache directory is the test's: an earlier run's entries for the same keys would
+    # be served (rightly) and the passes not run.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    ran: list[str] = []
+
+    def first(gm: Any, example_inputs: Any, config: Any) -> None:
+        ran.append("first")
+
+    def second(gm: Any, example_inputs: Any, config: Any) -> None:
+        ran.append("second")
+
+    model = Small()
+    x = torch.randn(3, 8)
+    for graph_pass in (first, second):
+        config = airstream.CompilerConfig()
+        config.post_grad_custom_pre_pass = graph_pass
+        cached = airstream.cache_compile(model.forward, config=config, cache_dir=tmp_path)
+        with torch.no_grad():
+            torch.testing.assert_close(cached(x), model(x))
+        assert not cached.loaded
+    assert ran == ["first", "second"]
+    assert len(list(tmp_path.glob("*/compiled.bin"))) == 2

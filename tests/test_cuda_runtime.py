@@ -572,13 +572,13 @@ def test_segments_are_compiled_without_inductors_own_cuda_graphs(
         value = real(name)
         if name != "inductor_compile":
             return value
-        compile_inner, config, context, tracing = value
+        compile_inner, config, *rest = value
 
         def spy(*args: Any, **kwargs: Any) -> Any:
             seen.append(config.triton.cudagraphs)
             return compile_inner(*args, **kwargs)
 
-        return spy, config, context, tracing
+        return (spy, config, *rest)
 
     monkeypatch.setattr(inductor, "_get", spying)
     options = real("inductor_compile")[1]

@@ -153,3 +153,28 @@ def test_meta_refill_with_dynamic_shapes() -> None:
     gm = graph_of(backend, "inference").graph_module
     node = next(n for n in gm.graph.nodes if "air_inserted_by" in n.meta)
     assert isinstance(node.meta["val"].shape[0], torch.SymInt), "symbolic shape kept"
+
+
+def test_air_ops_written_without_default_are_the_ops() -> None:
+    # torch.ops.air.scope_enter (the packet) was left as written: torch 2.11 dropped the pair as
+    # dead code and 2.15 kept it with no stream, both silently
+    def side_stream(gm: torch.fx.GraphModule, example_inputs: Any, config: Any) -> None:
+        sin = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.sin.default)
+        with gm.graph.inserting_before(sin):
+            gm.graph.call_function(torch.ops.air.scope_enter, (["_user_stream_label"], ["s1"]))
+        with gm.graph.inserting_after(sin):
+            gm.graph.call_function(torch.ops.air.scope_exit, ())
+
+    config = airstream.CompilerConfig()
+    config.post_grad_custom_pre_pass = side_stream
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(x) + x.relu()
+
+    compiled, backend = compile_model(fn, config)
+    x = torch.randn(8)
+    assert_same(compiled(x), fn(x))
+    graph = graph_of(backend, "inference")
+    assert graph.streams.stream_of["sin"] == "s1"
+    targets = {n.target for n in graph.graph_module.graph.nodes}
+    assert torch.ops.air.scope_enter.default in targets

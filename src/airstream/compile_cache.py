@@ -180,7 +180,9 @@ class CachedFunction:
         backend = self.backend if self.backend is not None else get_backend(self.config)
         name = getattr(self.fn, "__qualname__", "the function")
         try:
-            compiled = torch_internals.aot_compile(self.fn, backend, args, kwargs, self.dynamic)
+            compiled = torch_internals.aot_compile(
+                self.fn, backend, args, kwargs, self.dynamic, digest(key)
+            )
         except torch_internals.package_error() as exc:  # what torch cannot save, e.g. a guard
             _warn(
                 f"{name} cannot be compiled ahead of time ({exc}); it is compiled in this "

@@ -36,7 +36,7 @@ import torch
 import torch.fx
 from torch.fx.node import has_side_effect
 
-from airstream.torch_internals import OpOverload, op_name
+from airstream.torch_internals import OpOverload, OpOverloadPacket, op_name
 
 __all__ = [
     "AIR_OPS",
@@ -130,8 +130,13 @@ _BY_NAME = {op_name(op)[1]: op for op in AIR_OPS}
 
 
 def air_op_for(target: object) -> Any:
-    """The ``air`` op another namespace's op of the same name stands for (TorchAir's
-    ``npugraph_ex.scope_enter`` -> ``air.scope_enter``); None for anything else."""
+    """The ``air`` op a node's target stands for when it is not the op itself: another
+    namespace's op of the same name (TorchAir's ``npugraph_ex.scope_enter``), or the op's
+    packet, written without ``.default`` (``torch.ops.air.scope_enter``); None otherwise."""
+    if isinstance(target, OpOverloadPacket):
+        target = getattr(target, "default", None)
+        if target in AIR_OPS:
+            return target
     if not isinstance(target, OpOverload) or target.namespace not in _ALIASED_NAMESPACES:
         return None
     return _BY_NAME.get(op_name(target)[1])

@@ -6,6 +6,7 @@ pickler, and the record of which source lines a compiled function traced."""
 from __future__ import annotations
 
 import dis
+import functools
 import importlib
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -100,13 +101,14 @@ def load_graph(data: bytes) -> torch.fx.GraphModule:
 @_feature(
     "aot_compile",
     "torch.compile(fn, fullgraph=True, options={'guard_filter_fn': "
-    "torch.compiler.keep_portable_guards_unsafe}).aot_compile((args, kwargs)) -> "
+    "torch.compiler.keep_portable_guards_unsafe}).aot_compile((args, kwargs)) under "
+    "torch._dynamo.config.enable_aot_compile and torch.compiler.config.cache_key_tag -> "
     "AOTCompiledFunction (save_compiled_function, guard_check, disable_guard_check, "
     "source_info, _artifacts.runtime_env.bytecode)",
     "compile-cache",
     "compiling a function once and saving its bytecode, guards and compiled graphs",
 )
-def _probe_aot_compile() -> type:
+def _probe_aot_compile() -> tuple[type, Any]:
     found: type = _attr("torch._dynamo.aot_compile:AOTCompiledFunction")
     for name in ("save_compiled_function", "guard_check", "disable_guard_check"):
         if not callable(getattr(found, name, None)):
@@ -114,7 +116,13 @@ def _probe_aot_compile() -> type:
     _attr("torch.compiler:keep_portable_guards_unsafe")
     _attr("torch.compiler:load_compiled_function")
     _attr("torch._dynamo.exc:PackageError")
-    return found
+    _attr("torch._dynamo.aot_compile_types:BundledAOTAutogradSerializableCallable")
+    dynamo_config = _attr("torch._dynamo:config")
+    if not isinstance(dynamo_config.enable_aot_compile, bool):
+        raise AttributeError("torch._dynamo.config.enable_aot_compile is not a bool option")
+    if not isinstance(torch.compiler.config.cache_key_tag, str):
+        raise AttributeError("torch.compiler.config.cache_key_tag is not a str option")
+    return found, dynamo_config
 
 
 def aot_compile(
@@ -123,15 +131,42 @@ def aot_compile(
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
     dynamic: bool | None,
+    key: str,
 ) -> Any:
     """``fn`` traced by Dynamo in one graph and compiled by ``backend`` for these inputs, ahead
-    of time: a callable taking ``fn``'s arguments (a bound method's ``self`` first) that checks
-    the inputs' tensor metadata and the global state (grad mode, ...) on each call."""
-    _get("aot_compile")
-    compiled = torch.compile(
-        fn, fullgraph=True, dynamic=dynamic, backend=backend, options={"guard_filter_fn": _guards}
-    )
-    return compiled.aot_compile((tuple(args), dict(kwargs)))  # type: ignore[attr-defined]
+    of time, for the cache entry of digest ``key``: a callable taking ``fn``'s arguments (a
+    bound method's ``self`` first) with guards on the inputs' tensor metadata, their plain
+    values and the global state (grad mode, ...)."""
+    _, dynamo_config = _get("aot_compile")
+
+    def saving(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+        compiled = backend(gm, example_inputs, **kwargs)  # AOTAutograd's bundled result
+        return _saved_compile_class()(compiled) if hasattr(compiled, "serialize") else compiled
+
+    with dynamo_config.patch(enable_aot_compile=True):  # off by default before torch 2.15
+        compiled = torch.compile(
+            fn,
+            fullgraph=True,
+            dynamic=dynamic,
+            backend=saving,
+            options={"guard_filter_fn": _guards},
+        )
+    # AOTAutograd looks the graph up in its own cache, whose key knows nothing of airstream's
+    # options and passes: the entry's key goes into the tag every torch cache key holds, so
+    # AOTAutograd serves only what airstream's key says is the same (segment_cache_tag undoes it
+    # for Inductor's segment compiles, which a load repeats outside this).
+    tag = f"{torch.compiler.config.cache_key_tag}{_TAG_SEPARATOR}{key}"
+    with torch.compiler.config.patch(cache_key_tag=tag):  # type: ignore[attr-defined]
+        return compiled.aot_compile((tuple(args), dict(kwargs)))  # type: ignore[attr-defined]
+
+
+_TAG_SEPARATOR = "|airstream-entry:"
+
+
+def segment_cache_tag() -> str:
+    """The cache-key tag Inductor's segment compiles use: the user's, without the entry key
+    :func:`aot_compile` adds (a segment compiled at load must find what the compile saved)."""
+    return str(torch.compiler.config.cache_key_tag).split(_TAG_SEPARATOR)[0]
 
 
 _VALUE_GUARDS = ("CONSTANT_MATCH", "EQUALS_MATCH")
@@ -159,6 +194,23 @@ def package_error() -> type[Exception]:
     object's identity, a class defined in a function)."""
     found: type[Exception] = _attr("torch._dynamo.exc:PackageError")
     return found
+
+
+@functools.cache
+def _saved_compile_class() -> type:
+    """torch's wrapper of an AOTAutograd bundled result as something Dynamo's ahead-of-time
+    compile can save (torch 2.11 wraps only Inductor's and its own AOTAutograd backends'); its
+    ``serialize`` is hidden so that torch 2.15, which wraps any result that has one, does not
+    wrap it twice."""
+    base = _attr("torch._dynamo.aot_compile_types:BundledAOTAutogradSerializableCallable")
+    namespace = {"__module__": __name__, "__qualname__": "SavedCompile", "serialize": None}
+    return type("SavedCompile", (base,), namespace)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SavedCompile":  # what pickle looks up when it loads a saved function
+        return _saved_compile_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def save_compiled(compiled: Any, path: str) -> None:

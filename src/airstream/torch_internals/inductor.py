@@ -12,6 +12,7 @@ import torch
 import torch.autograd.profiler
 import torch.fx
 
+from airstream.torch_internals.caching import segment_cache_tag
 from airstream.torch_internals.core import OpOverload
 from airstream.torch_internals.registry import (
     _attr,
@@ -117,7 +118,8 @@ def _inductor_context(fake_mode: Any, threads: int, graph_cache: bool = True) ->
     bundling = functorch.patch(bundled_autograd_cache=False)
     if hasattr(config, "enable_autograd_for_aot"):
         patches["enable_autograd_for_aot"] = False
-    with tracing(context(fake_mode)), config.patch(patches), bundling:
+    tag = torch.compiler.config.patch(cache_key_tag=segment_cache_tag())  # type: ignore[attr-defined]
+    with tracing(context(fake_mode)), config.patch(patches), bundling, tag:
         yield
 
 
