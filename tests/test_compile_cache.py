@@ -8,6 +8,7 @@ graph it runs holds the pass's stream block, and the result, checked against eag
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -139,7 +140,11 @@ def test_a_corrupt_entry_is_compiled_again_with_one_warning(tmp_path: Path) -> N
     cache = _setup(tmp_path)
     _run(tmp_path)
     binary = _entry(cache)
-    binary.write_bytes(binary.read_bytes()[:1000])
+    binary.write_bytes(binary.read_bytes()[:1000])  # unreadable, though its record matches it
+    record_file = binary.with_name("compiled.bin.json")
+    record = json.loads(record_file.read_text())
+    record["sha256"] = hashlib.sha256(binary.read_bytes()).hexdigest()
+    record_file.write_text(json.dumps(record))
     broken = _run(tmp_path)
     assert not broken["loaded"] and len(broken["warnings"]) == 1
     assert "could not be loaded" in broken["warnings"][0]
@@ -294,3 +299,109 @@ def test_a_different_pass_is_never_served_a_graph_compiled_without_it(
         assert not cached.loaded
     assert ran == ["first", "second"]
     assert len(list(tmp_path.glob("*/compiled.bin"))) == 2
+
+
+def test_the_key_sees_what_a_trace_reads_from_the_module() -> None:
+    from airstream.cache_key import cache_key
+
+    model = Small()
+    x = torch.randn(3, 8)
+    config = airstream.CompilerConfig()
+
+    def key() -> dict[str, Any]:
+        return cache_key(model.forward, (x,), {}, config, False)
+
+    base = key()
+    model.activation = torch.tanh  # a function chosen at construction
+    assert key()["module"] != base["module"]
+    del model.activation
+    model.eval()
+    assert key()["module"] != base["module"]  # training mode
+    model.train()
+    assert key() == base
+    assert (
+        cache_key(model.forward, (x.t().contiguous().t(),), {}, config, False)["inputs"]
+        != (base["inputs"])
+    )  # strides
+
+
+FLAG = False
+
+
+class Flagged(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * 2 if FLAG else self.linear(x)
+
+
+def test_a_global_flag_the_trace_read_is_guarded(tmp_path: Path) -> None:
+    global FLAG
+    model = Flagged()
+    cached = airstream.cache_compile(model.forward, cache_dir=tmp_path)
+    x = torch.randn(3, 8)
+    try:
+        with torch.no_grad():
+            torch.testing.assert_close(cached(x), model(x))
+            FLAG = True
+            torch.testing.assert_close(cached(x), model(x))  # not the first trace's branch
+    finally:
+        FLAG = False
+    assert len(cached._variants) == 2
+
+
+def test_a_binary_its_record_does_not_describe_is_compiled_again(tmp_path: Path) -> None:
+    model = Small()
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        airstream.cache_compile(model.forward, cache_dir=tmp_path)(x)
+    (binary,) = tmp_path.glob("*/compiled.bin")
+    binary.write_bytes(binary.read_bytes() + b"\0")  # another writer's file
+    again = airstream.cache_compile(model.forward, cache_dir=tmp_path)
+    with pytest.warns(airstream.CacheWarning, match="is not the file its record describes"):
+        with torch.no_grad():
+            torch.testing.assert_close(again(x), model(x))
+    assert not again.loaded
+
+
+def test_an_entry_other_users_can_write_is_not_loaded(tmp_path: Path) -> None:
+    model = Small()
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        airstream.cache_compile(model.forward, cache_dir=tmp_path)(x)
+    (binary,) = tmp_path.glob("*/compiled.bin")
+    assert binary.stat().st_mode & 0o077 == 0  # written for its owner only
+    binary.chmod(0o666)
+    again = airstream.cache_compile(model.forward, cache_dir=tmp_path)
+    with pytest.warns(airstream.CacheWarning, match="writable by other users") as record:
+        with torch.no_grad():
+            torch.testing.assert_close(again(x), model(x))
+    assert str(record[0].filename) == __file__  # the warning points at the caller's line
+    assert not again.loaded
+
+
+def test_grad_enabled_and_debug_dumps_say_what_they_do(tmp_path: Path) -> None:
+    model = Small()
+    x = torch.randn(3, 8)
+    cached = airstream.cache_compile(model.forward, cache_dir=tmp_path)
+    with pytest.warns(airstream.CacheWarning, match="compiled with grad enabled"):
+        torch.testing.assert_close(cached(x), model(x))
+    config = airstream.CompilerConfig()
+    config.debug.run_eagerly = True
+    debug = airstream.cache_compile(model.forward, config=config, cache_dir=tmp_path / "debug")
+    with pytest.warns(airstream.CacheWarning, match="debug.run_eagerly is set"):
+        with torch.no_grad():
+            torch.testing.assert_close(debug(x), model(x))
+    assert not (tmp_path / "debug").exists()
+
+
+def test_a_copied_module_says_to_cache_compile_again(tmp_path: Path) -> None:
+    import copy
+
+    model = Small()
+    model.step = airstream.cache_compile(model.forward, cache_dir=tmp_path)
+    twin = copy.deepcopy(model)
+    with pytest.raises(RuntimeError, match="call airstream.cache_compile on the copy"):
+        twin.step(torch.randn(3, 8))

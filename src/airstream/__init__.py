@@ -14,12 +14,13 @@ from airstream.backend import get_backend, get_compiler, get_npu_backend
 from airstream.compile_cache import cache_compile
 from airstream.config import CompilerConfig
 from airstream.debug.profile import profile
-from airstream.errors import ConfigError, PassError, StreamError, TorchSupportError
+from airstream.errors import CacheWarning, ConfigError, PassError, StreamError, TorchSupportError
 from airstream.explain import explain
 from airstream.ops.native import current_stream
 from airstream.ops.stream import stream
 
 __all__ = [
+    "CacheWarning",
     "CompilerConfig",
     "ConfigError",
     "PassError",

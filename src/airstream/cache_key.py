@@ -16,18 +16,20 @@ and a load compares them (:func:`airstream.torch_internals.changed_source`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
-import inspect
 import json
 import platform
 import types
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from airstream import environment, torch_internals
+from airstream.cache_dir import cache_root
 from airstream.cached_graph import saved_options
 from airstream.config import CompilerConfig
 
@@ -54,11 +56,43 @@ def _code_identity(code: types.CodeType) -> list[Any]:
     ]
 
 
-def _closure_values(fn: Any) -> list[str]:
-    """The plain values a function closes over or defaults to (a regex, a count, ...)."""
+def _closure_values(fn: Any) -> list[Any]:
+    """What a function closes over or defaults to (a regex, a count, a module, ...)."""
     cells = [c.cell_contents for c in (getattr(fn, "__closure__", None) or ()) if _filled(c)]
     defaults = list(getattr(fn, "__defaults__", None) or ())
-    return [repr(v) if isinstance(v, _PLAIN) else type(v).__qualname__ for v in cells + defaults]
+    return [_value(v) for v in cells + defaults]
+
+
+def _value(value: Any) -> Any:
+    """A value as a key sees it: plain values themselves, functions and classes by name, a
+    module by :func:`_module`, a tensor by its metadata, anything else by its type."""
+    if isinstance(value, _PLAIN):
+        return repr(value)
+    if isinstance(value, torch.nn.Module):
+        return _module(value)
+    if isinstance(value, torch.Tensor):
+        return ["tensor", str(value.dtype), list(value.shape), str(value.device)]
+    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type)):
+        return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
+    if isinstance(value, functools.partial):
+        return [
+            "partial",
+            _value(value.func),
+            [_value(a) for a in value.args],
+            {k: _value(v) for k, v in sorted(value.keywords.items())},
+        ]
+    if isinstance(value, (tuple, list)) and len(value) <= 64:
+        return [_value(v) for v in value]
+    name = f"{type(value).__module__}.{type(value).__qualname__}"
+    if getattr(type(value), "key_by_type_only", False):  # its attributes are process state
+        return name
+    # an object's public plain attributes, one level down (a model's config: flags a trace reads)
+    plain = {
+        k: repr(v)
+        for k, v in sorted(getattr(value, "__dict__", {}).items())
+        if isinstance(v, _PLAIN) and not k.startswith("_")
+    }
+    return [name, plain] if plain else name
 
 
 def _filled(cell: Any) -> bool:
@@ -79,17 +113,21 @@ def pass_identity(fn: Callable[..., Any]) -> str:
         if value is not None:
             return f"uuid:{value}"
     if isinstance(fn, types.MethodType):
-        return "method:" + digest([pass_identity(fn.__func__), type(fn.__self__).__qualname__])
+        owner = fn.__self__
+        return "method:" + digest([pass_identity(fn.__func__), _attributes(owner)])
+    if isinstance(fn, functools.partial):
+        return "partial:" + digest([_value(fn), pass_identity(fn.func)])
     code = getattr(fn, "__code__", None)
     if code is not None:
         return "code:" + digest([_code_identity(code), _closure_values(fn)])
     call = type(fn).__call__
-    attrs = {
-        k: (repr(v) if isinstance(v, _PLAIN) else type(v).__qualname__)
-        for k, v in sorted(getattr(fn, "__dict__", {}).items())
-    }
-    inner = pass_identity(call) if hasattr(call, "__code__") else ""
-    return "object:" + digest([type(fn).__qualname__, inner, attrs])
+    inner = pass_identity(call) if hasattr(call, "__code__") else _value(fn)
+    return "object:" + digest([type(fn).__qualname__, inner, _attributes(fn)])
+
+
+def _attributes(owner: Any) -> dict[str, Any]:
+    """An object's own attributes as a key sees them (:func:`_value`)."""
+    return {k: _value(v) for k, v in sorted(getattr(owner, "__dict__", {}).items())}
 
 
 def _option_identities(config: CompilerConfig) -> dict[str, Any]:
@@ -104,22 +142,43 @@ def _option_identities(config: CompilerConfig) -> dict[str, Any]:
 
 def _input(value: Any, dynamic: bool | None) -> Any:
     if isinstance(value, torch.Tensor):
-        shape: Any = value.dim() if dynamic else list(value.shape)
-        return ["tensor", str(value.dtype), str(value.device), shape, value.requires_grad]
+        # dynamic: the rank, and which sizes are 0 or 1 (torch specializes those)
+        shape: Any = [min(d, 2) for d in value.shape] if dynamic else list(value.shape)
+        strides = None if dynamic else list(value.stride())
+        return ["tensor", str(value.dtype), str(value.device), shape, strides, value.requires_grad]
     if isinstance(value, _PLAIN):
         return ["value", repr(value)]
     return ["object", f"{type(value).__module__}.{type(value).__qualname__}"]
 
 
+_MODULE_STATE = frozenset({"_parameters", "_buffers", "_modules"})
+
+
 def _module(owner: torch.nn.Module) -> dict[str, Any]:
+    """A module as a key sees it: its printed structure, each parameter's and buffer's
+    metadata, and every submodule's other attributes (``training``, a flag, a function chosen
+    at construction: what the trace may have read)."""
     tensors = [
         [name, list(t.shape), str(t.dtype), str(t.device)]
         for name, t in [*owner.named_parameters(), *owner.named_buffers()]
+    ]
+    attributes = [
+        [
+            name,
+            type(sub).__qualname__,
+            {
+                k: _value(v)
+                for k, v in sorted(vars(sub).items())
+                if k not in _MODULE_STATE and not (k.startswith("_") and k.endswith("hooks"))
+            },
+        ]
+        for name, sub in owner.named_modules()
     ]
     return {
         "type": type(owner).__qualname__,
         "structure": digest(str(owner)),
         "tensors": digest(tensors),
+        "attributes": digest(attributes),
     }
 
 
@@ -132,33 +191,56 @@ def cache_key(
 ) -> dict[str, Any]:
     """The fields a cache entry of ``fn`` is keyed by, for these inputs (JSON-able)."""
     func = fn.__func__ if isinstance(fn, types.MethodType) else fn
-    leaves = torch_internals.tree_flatten((list(args), dict(kwargs)))[0]
+    leaves, spec = torch_internals.tree_flatten((list(args), dict(kwargs)))
     owner = getattr(fn, "__self__", None)
     return {
         "function": f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', '?')}",
         "code": digest(_code_identity(func.__code__)) if hasattr(func, "__code__") else "",
+        "closure": digest(_closure_values(func)),
         "module": _module(owner) if isinstance(owner, torch.nn.Module) else None,
-        "inputs": digest([_input(v, dynamic) for v in leaves]),
+        "inputs": digest([str(spec), [_input(v, dynamic) for v in leaves]]),
         "dynamic": dynamic,
         "options": digest(_option_identities(config)),
         "torch": torch.__version__,
         "airstream": _airstream_version(),
         "python": platform.python_version(),
         "mode_variable": environment.AIRSTREAM_MODE.read(),
+        "costs": [environment.AIRSTREAM_COSTS.read(), _calibration()],
+        "ranks": _ranks(),
         "grad": torch.is_grad_enabled(),
     }
 
 
+def _calibration() -> str | None:
+    """A digest of the measured stream costs auto_streams decides with (None: not measured)."""
+    path = cache_root() / "calibration.json"
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _ranks() -> list[int] | None:
+    """This process's rank and the world size, in a distributed job (each rank compiles its
+    own graphs: collectives name their group)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return [dist.get_rank(), dist.get_world_size()]
+    return None
+
+
+@functools.cache
 def _airstream_version() -> str:
+    """airstream's version and a digest of its source files (an editable install changes
+    without its version number changing; the passes and the planner are in them)."""
     try:
-        return importlib.metadata.version("airstream")
+        version = importlib.metadata.version("airstream")
     except importlib.metadata.PackageNotFoundError:  # run from a source tree
-        return "unknown"
-
-
-def signature_of(fn: Callable[..., Any]) -> str:
-    """``fn``'s name and parameters, for messages."""
-    try:
-        return f"{fn.__qualname__}{inspect.signature(fn)}"
-    except (TypeError, ValueError, AttributeError):
-        return repr(fn)
+        version = "unknown"
+    package = Path(__file__).resolve().parent
+    sources = hashlib.sha256()
+    for path in sorted(package.rglob("*")):
+        if path.suffix in (".py", ".c") and path.is_file():
+            sources.update(str(path.relative_to(package)).encode())
+            sources.update(path.read_bytes())
+    return f"{version}+{sources.hexdigest()[:16]}"

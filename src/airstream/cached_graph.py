@@ -46,11 +46,21 @@ def saved_options(config: CompilerConfig) -> dict[str, Any]:
 class _Saved:
     """The behaviour of ``CachedGraph`` (its base class is Inductor's, resolved on first use)."""
 
-    def __init__(self, graph: bytes, options: dict[str, Any], kind: str, executor: Any) -> None:
+    def __init__(
+        self,
+        graph: bytes,
+        options: dict[str, Any],
+        kind: str,
+        executor: Any,
+        static_inputs: tuple[int, ...] | None,
+    ) -> None:
         self.graph = graph
         self.options = options
         self.kind = kind
         self.executor = executor
+        # parameters and buffers among the inputs, as AOTAutograd said at compile time (a load
+        # has no such context; a CUDA graph captures these by address instead of copying them)
+        self.static_inputs = static_inputs
         self._boxed_call = True  # an instance attribute: AOTAutograd's wrappers copy __dict__
 
     def __call__(self, inputs: list[Any]) -> Any:
@@ -72,7 +82,9 @@ class _Saved:
             return
         gm = torch_internals.load_graph(self.graph)
         config = CompilerConfig.from_options(self.options)
-        self.executor = finish_graph(gm, config, self.kind, CompileObserver())
+        self.executor = finish_graph(
+            gm, config, self.kind, CompileObserver(), static_inputs=self.static_inputs
+        )
 
     def set_triton_bundle(self, triton_bundle: Any) -> None:
         """Inductor's Triton kernels: a loaded entry's segments come from Inductor's caches."""
@@ -93,7 +105,13 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def cached_graph(graph: bytes, config: CompilerConfig, kind: str, executor: Executor) -> Any:
+def cached_graph(
+    graph: bytes,
+    config: CompilerConfig,
+    kind: str,
+    executor: Executor,
+    static_inputs: tuple[int, ...] | None,
+) -> Any:
     """A ``CachedGraph`` running ``executor`` now and rebuilding it from ``graph`` on load."""
     cls = _cached_graph_class()
-    return cls(graph, saved_options(config), kind, executor)
+    return cls(graph, saved_options(config), kind, executor, static_inputs)

@@ -19,9 +19,12 @@ when they differ. The function must compile to one graph (``fullgraph``) and run
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import json
 import os
+import stat
+import sys
 import tempfile
 import threading
 import types
@@ -36,6 +39,7 @@ from airstream import torch_internals
 from airstream.cache_dir import cache_root
 from airstream.cache_key import cache_key, digest
 from airstream.config import CompilerConfig
+from airstream.errors import CacheWarning
 
 __all__ = [
     "CachedFunction",
@@ -64,12 +68,25 @@ def entry_files(path: Path) -> tuple[Path, Path]:
     return path, path.with_name(path.name + ".json")
 
 
+MAX_VARIANTS = 8  # entries one CachedFunction keeps in memory before it says why (Dynamo's limit)
+
+
 def _warn(message: str) -> None:
-    warnings.warn(f"airstream.cache_compile: {message}", stacklevel=4)
+    """One warning, attributed to the user's line that called the cached function."""
+    frame: types.FrameType | None = sys._getframe(1)  # the caller of _warn: stacklevel 2
+    level = 2
+    here = str(Path(__file__).resolve().parent)
+    while frame is not None and (
+        frame.f_code.co_filename.startswith(here) or "/torch/" in frame.f_code.co_filename
+    ):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(f"airstream.cache_compile: {message}", CacheWarning, stacklevel=level)
 
 
 class CachedFunction:
     """``fn`` compiled through the on-disk cache (see :func:`cache_compile`)."""
+
+    key_by_type_only = True  # a module holding one is keyed without its state (cache_key.py)
 
     def __init__(
         self,
@@ -92,8 +109,9 @@ class CachedFunction:
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled as a stand-in: a module holding a cached method is pickled with the guards
-        of the compile that traces it, and a compile (its backend, its graphs) is no state."""
-        return (_stand_in, (getattr(self.fn, "__qualname__", "function"),))
+        of the compile that traces it, and a compile (its backend, its graphs) is no state. A
+        copy of the module (deepcopy, torch.save) gets a stand-in that says so when called."""
+        return (_Unpickled, (getattr(self.fn, "__qualname__", "function"),))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         for compiled, self_first in self._variants:  # one, unless the inputs took two traces
@@ -112,6 +130,32 @@ class CachedFunction:
     def _prepare(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Any, bool]:
         """The entry for these inputs, loaded or compiled, added to the variants in use."""
         with self._lock:
+            for variant in self._variants:  # another thread may have prepared it meanwhile
+                full = (self.owner, *args) if variant[1] else tuple(args)
+                if torch_internals.guards_pass(variant[0], full, kwargs):
+                    return variant
+            if len(self._variants) == MAX_VARIANTS:
+                _warn(
+                    f"{self._name()} has been compiled for {MAX_VARIANTS} different sets of "
+                    "inputs in this process (shapes, dtypes, strides or plain values); each "
+                    "is an entry on disk and in memory: if sizes vary, cache_compile(..., "
+                    "dynamic=True) compiles one for all"
+                )
+            if torch.is_grad_enabled() and not self._variants:
+                _warn(
+                    f"{self._name()} is compiled with grad enabled, so its entry holds a "
+                    "training graph (its backward through a loaded entry is untested); call "
+                    "it under torch.no_grad() or torch.inference_mode() for inference"
+                )
+            debugging = _debugging(self.config)
+            if debugging is not None:  # dumps are written by a compile, which a load skips
+                _warn(
+                    f"{self._name()} is compiled in this process, not through the cache: "
+                    f"{debugging} is set, and a loaded entry would write nothing"
+                )
+                variant = (self._in_process(), False)
+                self._variants = (*self._variants, variant)
+                return variant
             key = cache_key(self.fn, args, kwargs, self.config, self.dynamic)
             path = self.locate(self.fn, digest(key))
             compiled = self._load(path, key, args, kwargs)
@@ -124,25 +168,50 @@ class CachedFunction:
             self.path = path
             return variant
 
+    def _in_process(self, backend: Callable[..., Any] | None = None) -> _InProcess:
+        from airstream.backend import get_backend
+
+        if backend is None:
+            backend = self.backend if self.backend is not None else get_backend(self.config)
+        compiled = torch.compile(self.fn, backend=backend, dynamic=self.dynamic, fullgraph=True)
+        return _InProcess(compiled)
+
+    def _name(self) -> str:
+        return str(getattr(self.fn, "__qualname__", "the function"))
+
     def _load(
         self, path: Path, key: Mapping[str, Any], args: Sequence[Any], kwargs: Mapping[str, Any]
     ) -> Any:
         binary, record_file = entry_files(path)
         if not binary.exists():
             return None
-        name = getattr(self.fn, "__qualname__", "the function")
+        name = self._name()
+        unsafe = _unsafe(binary)
+        if unsafe is not None:
+            _warn(
+                f"the cache entry {binary} is {unsafe}: loading it would run code another user "
+                f"could have written; compiling {name} again and replacing it"
+            )
+            return None
         try:
             record = json.loads(record_file.read_text())
         except (OSError, ValueError) as exc:
             _warn(
-                f"the cache entry {binary} has no readable record ({exc}); compiling {name} again"
+                f"the cache entry {binary} has no readable record ({exc}); compiling {name} "
+                "again and replacing it"
             )
             return None
         different = sorted(k for k in key if record.get("key", {}).get(k) != key[k])
         if different:
             _warn(
-                f"the cache entry {binary} was made for another {', '.join(different)} "
-                f"(key fields that differ); compiling {name} again and replacing it"
+                f"the cache entry {binary} was made for different {', '.join(different)} "
+                f"(the fields of its key that differ); compiling {name} again and replacing it"
+            )
+            return None
+        if record.get("sha256") != _sha256(binary):
+            _warn(
+                f"the cache entry {binary} is not the file its record describes (a write was "
+                f"cut short, or two processes wrote it); compiling {name} again and replacing it"
             )
             return None
         changed = torch_internals.changed_source([tuple(s) for s in record.get("sources", [])])
@@ -165,8 +234,9 @@ class CachedFunction:
         full = (self.owner, *args) if self._takes_self(compiled) else tuple(args)
         if not torch_internals.guards_pass(compiled, full, kwargs):
             _warn(
-                f"the cache entry {binary} does not accept these inputs (its guards fail: "
-                "tensor metadata, an input's value or the grad mode differ); compiling "
+                f"the cache entry {binary} does not accept this call (its guards fail: a "
+                "tensor's metadata, a plain value the trace branched on in the inputs, the "
+                "module or a global, or the grad mode differs); compiling "
                 f"{name} again and replacing it"
             )
             return None
@@ -178,7 +248,7 @@ class CachedFunction:
         from airstream.backend import get_backend
 
         backend = self.backend if self.backend is not None else get_backend(self.config)
-        name = getattr(self.fn, "__qualname__", "the function")
+        name = self._name()
         try:
             compiled = torch_internals.aot_compile(
                 self.fn, backend, args, kwargs, self.dynamic, digest(key)
@@ -188,7 +258,7 @@ class CachedFunction:
                 f"{name} cannot be compiled ahead of time ({exc}); it is compiled in this "
                 "process with torch.compile and not saved, so the next process compiles it too"
             )
-            return _InProcess(torch.compile(self.fn, backend=backend, dynamic=self.dynamic))
+            return self._in_process(backend)
         try:
             _save(compiled, path, key, self.fn)
         except Exception as exc:  # torch cannot pickle everything a function may close over
@@ -198,6 +268,18 @@ class CachedFunction:
                 "compiles it again"
             )
         return compiled
+
+
+def _debugging(config: CompilerConfig) -> str | None:
+    """The debug option that writes something at compile time, if one is set."""
+    debug = config.debug
+    if debug.graph_dump.type is not None:
+        return "debug.graph_dump.type"
+    if debug.data_dump.type is not None:
+        return "debug.data_dump.type"
+    if debug.run_eagerly:
+        return "debug.run_eagerly"
+    return None
 
 
 class _InProcess:
@@ -217,9 +299,40 @@ class _InProcess:
         """Dynamo checks its own guards."""
 
 
-def _stand_in(name: str) -> str:
-    """What an unpickled CachedFunction is: its function's name."""
-    return f"<cached {name}>"
+class _Unpickled:
+    """What a copied or unpickled CachedFunction becomes: calling it says what to do."""
+
+    key_by_type_only = True
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            f"this is a copy of airstream.cache_compile({self.name}): a compiled function is "
+            "not copied or pickled with its module; call airstream.cache_compile on the copy's "
+            "method again"
+        )
+
+
+def _sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _unsafe(path: Path) -> str | None:
+    """Why loading ``path`` (pickled code) is not safe, or None: owned by another user, or
+    writable by others."""
+    if not hasattr(os, "getuid"):
+        return None
+    info = path.stat()
+    if info.st_uid != os.getuid():
+        return f"owned by another user (uid {info.st_uid})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return "writable by other users"
+    return None
 
 
 def _globals(fn: Callable[..., Any]) -> dict[str, Any]:
@@ -239,15 +352,20 @@ def _modules_read(compiled: Any, fn: Callable[..., Any]) -> dict[str, str]:
 
 
 def _save(compiled: Any, path: Path, key: Mapping[str, Any], fn: Callable[..., Any]) -> None:
-    """Write the entry atomically: a reader sees the old entry or the new one, never half."""
+    """Write the entry: each file atomically, and the pair checked by the binary's digest."""
     binary, record_file = entry_files(path)
-    binary.parent.mkdir(parents=True, exist_ok=True)
-    record = {
+    binary.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    record: dict[str, Any] = {
         "key": dict(key),
         "sources": torch_internals.traced_sources(compiled),
         "modules": _modules_read(compiled, fn),
+        "sha256": None,
     }
+    # The record goes first and names the binary's digest: a reader that finds a binary whose
+    # digest is not its record's (a write cut short, two writers) compiles instead of loading.
+    record_file.unlink(missing_ok=True)
     _atomic(binary, lambda tmp: torch_internals.save_compiled(compiled, tmp))
+    record["sha256"] = _sha256(binary)
     _atomic(record_file, lambda tmp: Path(tmp).write_text(json.dumps(record, indent=1)))
 
 
@@ -275,8 +393,9 @@ def cache_compile(
     inputs, options and versions, or compiles and saves one.
 
     ``cache_dir`` defaults to ``<airstream's cache directory>/compiled``
-    (:func:`airstream.cache_dir.cache_root`). ``fn`` must compile to one graph and run forward
-    only (inference); ``dynamic`` is torch.compile's.
+    (:func:`airstream.cache_dir.cache_root`). ``fn`` must compile to one graph; call it for
+    inference (under ``torch.no_grad()`` or ``torch.inference_mode()``). ``dynamic``:
+    torch.compile's, but False (static shapes) by default; True compiles sizes symbolically.
     """
     if not callable(fn):
         raise TypeError(f"cache_compile() takes a function or a bound method, got {fn!r}")

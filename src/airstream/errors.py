@@ -5,7 +5,14 @@ Every error says what happened, where (pass, node, source line, option) and what
 
 from __future__ import annotations
 
-__all__ = ["AirstreamError", "ConfigError", "PassError", "StreamError", "TorchSupportError"]
+__all__ = [
+    "AirstreamError",
+    "CacheWarning",
+    "ConfigError",
+    "PassError",
+    "StreamError",
+    "TorchSupportError",
+]
 
 
 class AirstreamError(Exception):
@@ -47,3 +54,9 @@ class TorchSupportError(AirstreamError, RuntimeError):
     def __init__(self, message: str, *, feature: str) -> None:
         super().__init__(message)
         self.feature = feature
+
+
+class CacheWarning(UserWarning):
+    """A compile-cache entry was not used, or a compile could not be saved
+    (:mod:`airstream.compile_cache`): each says why and what happens instead."""
+

@@ -45,6 +45,7 @@ def finish_graph(
     observer: CompileObserver,
     results: tuple[PassResult, ...] = (),
     changed: bool = True,
+    static_inputs: tuple[int, ...] | None = None,
 ) -> Executor:
     """The rest of a graph's compile once its passes have run: its streams, the plan,
     max-autotune's segments, the executor. A graph loaded from the compile cache starts here."""
@@ -71,7 +72,7 @@ def finish_graph(
             plan = build_plan(gm, streams)
     _record_scopes(gm, streams)
     gm.recompile()  # once: gm.code shows the graph that runs (the executor has its own)
-    executor = choose_executor(gm, plan, kind, config, mode, device)
+    executor = choose_executor(gm, plan, kind, config, mode, device, static_inputs)
     observer.plan_built(kind, gm, streams, plan, executor.code)
     observer.graph_compiled(
         CompiledGraph(kind, gm, streams, plan, results, executor, segments, mode)

@@ -86,6 +86,7 @@ class GraphCompiler:
         saved = torch_internals.dump_graph(gm) if torch_internals.bundling_compile() else None
         executor = finish_graph(gm, config, kind, observer, tuple(results), changed)
         if saved is not None:  # an ahead-of-time compile (airstream.cache_compile) saves it
-            return cached_graph(saved, config, kind, executor)
+            static = torch_internals.static_input_indices() if kind != "backward" else None
+            return cached_graph(saved, config, kind, executor, static)
         return executor
 

@@ -38,11 +38,13 @@ def choose_executor(
     config: CompilerConfig,
     mode: str,
     device: torch.device | None,
+    static_inputs: tuple[int, ...] | None = None,
 ) -> Executor:
     """Node by node for data_dump; serial for run_eagerly; CUDA streams on a CUDA ``device``
     (captured as CUDA graphs in ``mode`` reduce-overhead, the mode the graph compiles in);
     threads on CPU. A CPU graph with nothing off the main stream runs serially: no thread to
-    hand off to."""
+    hand off to. ``static_inputs``: the parameter and buffer inputs, where the caller knows
+    them (a graph loaded from the compile cache); else AOTAutograd says."""
     dump = config.debug.data_dump
     if dump.type is not None:
         return DataDumpExecutor(gm, dump.path, dump.filter)
@@ -55,7 +57,9 @@ def choose_executor(
         if mode == "reduce-overhead":
             # Parameters and buffers are the same tensors every call: captured by address.
             torch_internals.require("cuda-graphs")
-            static = torch_internals.static_input_indices() if kind != "backward" else None
+            static = static_inputs
+            if static is None and kind != "backward":
+                static = torch_internals.static_input_indices()
             return CudaGraphExecutor(executor, gm, static or ())
         return executor
     if not any(s.runs for s in plan.side_streams):

@@ -170,21 +170,18 @@ def segment_cache_tag() -> str:
 
 
 _VALUE_GUARDS = ("CONSTANT_MATCH", "EQUALS_MATCH")
+_PLAIN_VALUES = (bool, int, float, str, type(None))
 
 
 def _guards(entries: Sequence[Any]) -> list[bool]:
     """The guards a saved function keeps: torch's portable ones (tensor metadata, global
-    state, dynamic shapes) and those on the plain values the inputs hold (a flag, a count:
-    the trace took one branch for them); not those on module attributes or globals, which
-    identify objects of the process that compiled."""
+    state, dynamic shapes) and those on plain values (a flag, a count: the trace took one
+    branch for them), in the inputs, module attributes or globals; not those on an object's
+    identity or type, which name objects of the process that compiled."""
     portable = torch.compiler.keep_portable_guards_unsafe(entries)
     return [
         keep
-        or (
-            e.guard_type in _VALUE_GUARDS
-            and not e.is_global
-            and isinstance(e.value, (bool, int, float, str, type(None)))
-        )
+        or (e.guard_type in _VALUE_GUARDS and isinstance(e.value, _PLAIN_VALUES))
         for keep, e in zip(portable, entries, strict=True)
     ]
 

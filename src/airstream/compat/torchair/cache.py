@@ -120,6 +120,8 @@ class ModelCacheSaver:
 class TorchairCached:
     """What ``cache_compile`` returns: the method, loaded from its entry or compiled into it."""
 
+    key_by_type_only = True  # a module holding one is keyed without its state (cache_key.py)
+
     def __init__(self, cached: CachedFunction, cache_bin: str) -> None:
         self.cached = cached
         self.cache_bin = cache_bin
