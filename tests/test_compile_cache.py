@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -405,3 +406,24 @@ def test_a_copied_module_says_to_cache_compile_again(tmp_path: Path) -> None:
     twin = copy.deepcopy(model)
     with pytest.raises(RuntimeError, match="call airstream.cache_compile on the copy"):
         twin.step(torch.randn(3, 8))
+
+
+def test_airstream_cache_lists_and_clears_entries(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from airstream.cli import main
+
+    model = Small()
+    with torch.no_grad():
+        for rows in (3, 5):
+            airstream.cache_compile(model.forward, cache_dir=tmp_path)(torch.randn(rows, 8))
+    assert main(["cache", "--dir", str(tmp_path)]) == 0
+    listing = capsys.readouterr().out
+    assert listing.startswith(f"compile cache: {tmp_path}\n")
+    assert len(re.findall(r"^  [\w.]*test_compile_cache\.Small\.forward$", listing, re.M)) == 2
+    assert "  2 entries, " in listing
+    assert main(["cache", "--dir", str(tmp_path), "--clear"]) == 0
+    assert capsys.readouterr().out.startswith("removed 2 entries (")
+    assert not list(tmp_path.rglob("compiled.bin*"))
+    assert main(["cache", "--dir", str(tmp_path)]) == 0
+    assert "  0 entries, 0.0 MB" in capsys.readouterr().out

@@ -85,9 +85,7 @@ def cache(args: argparse.Namespace) -> int:
     now = time.time()
     for entry in entries:
         age = (now - entry.modified) / 3600
-        print(
-            f"  {entry.function:<48} {entry.bytes / 1e6:>7.1f} MB  {age:>6.1f} h old  {entry.path}"
-        )
+        print(f"  {entry.function}\n    {entry.bytes / 1e6:.1f} MB, {age:.1f} h old: {entry.path}")
     total = sum(e.bytes for e in entries)
     print(f"  {len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, {total / 1e6:.1f} MB")
     return 0
