@@ -59,6 +59,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "selftest",
                 "compat",
                 "compile_cache",
+                "cache_files",
                 "examples",
                 "__main__",
             }

@@ -12,20 +12,16 @@ Inductor's own cache directory, ``$TORCHINDUCTOR_CACHE_DIR``).
 
 A stale entry (made for other inputs, options, versions, or code that has changed since) or one
 that cannot be read is compiled again and overwritten, with one warning saying why. Calls check
-the inputs' tensor metadata and the grad mode (torch's portable guards) and compile another entry
-when they differ. The function must compile to one graph (``fullgraph``) and run forward only.
+the inputs' tensor metadata, the plain values the trace branched on and the grad mode, and
+compile another entry when they differ. The files themselves: :mod:`airstream.cache_files`. The function must compile to one graph (``fullgraph``) and run forward only.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import importlib
 import json
 import os
-import stat
 import sys
-import tempfile
 import threading
 import types
 import warnings
@@ -36,22 +32,21 @@ from typing import Any
 import torch
 
 from airstream import torch_internals
-from airstream.cache_dir import cache_root
+from airstream.cache_files import (
+    ENTRY_FILE,
+    default_root,
+    entry_files,
+    function_globals,
+    save_entry,
+    sha256,
+    unsafe,
+)
 from airstream.cache_key import cache_key, digest
 from airstream.config import CompilerConfig
 from airstream.errors import CacheWarning
 
-__all__ = [
-    "CachedFunction",
-    "EntryInfo",
-    "cache_compile",
-    "clear_entries",
-    "default_root",
-    "entry_files",
-    "list_entries",
-]
+__all__ = ["CachedFunction", "cache_compile"]
 
-ENTRY_FILE = "compiled.bin"
 Locate = Callable[[Callable[..., Any], str], Path]
 
 
@@ -61,11 +56,6 @@ def _default_location(root: Path) -> Locate:
         return root / f"{name}-{key[:16]}" / ENTRY_FILE
 
     return locate
-
-
-def entry_files(path: Path) -> tuple[Path, Path]:
-    """An entry's compiled file and its JSON record."""
-    return path, path.with_name(path.name + ".json")
 
 
 MAX_VARIANTS = 8  # entries one CachedFunction keeps in memory before it says why (Dynamo's limit)
@@ -186,10 +176,10 @@ class CachedFunction:
         if not binary.exists():
             return None
         name = self._name()
-        unsafe = _unsafe(binary)
-        if unsafe is not None:
+        why_unsafe = unsafe(binary)
+        if why_unsafe is not None:
             _warn(
-                f"the cache entry {binary} is {unsafe}: loading it would run code another user "
+                f"the cache entry {binary} is {why_unsafe}: loading it would run code another user "
                 f"could have written; compiling {name} again and replacing it"
             )
             return None
@@ -208,7 +198,7 @@ class CachedFunction:
                 f"(the fields of its key that differ); compiling {name} again and replacing it"
             )
             return None
-        if record.get("sha256") != _sha256(binary):
+        if record.get("sha256") != sha256(binary):
             _warn(
                 f"the cache entry {binary} is not the file its record describes (a write was "
                 f"cut short, or two processes wrote it); compiling {name} again and replacing it"
@@ -224,7 +214,9 @@ class CachedFunction:
         try:
             modules = {n: importlib.import_module(m) for n, m in record["modules"].items()}
             with binary.open("rb") as f:
-                compiled = torch_internals.load_compiled(f, {**_globals(self.fn), **modules})
+                compiled = torch_internals.load_compiled(
+                    f, {**function_globals(self.fn), **modules}
+                )
         except Exception as exc:
             _warn(
                 f"the cache entry {binary} could not be loaded ({type(exc).__name__}: {exc}); "
@@ -260,7 +252,7 @@ class CachedFunction:
             )
             return self._in_process(backend)
         try:
-            _save(compiled, path, key, self.fn)
+            save_entry(compiled, path, key, self.fn)
         except Exception as exc:  # torch cannot pickle everything a function may close over
             _warn(
                 f"{name} is compiled but could not be saved to {path} ({type(exc).__name__}: "
@@ -315,72 +307,6 @@ class _Unpickled:
         )
 
 
-def _sha256(path: Path) -> str | None:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        return None
-
-
-def _unsafe(path: Path) -> str | None:
-    """Why loading ``path`` (pickled code) is not safe, or None: owned by another user, or
-    writable by others."""
-    if not hasattr(os, "getuid"):
-        return None
-    info = path.stat()
-    if info.st_uid != os.getuid():
-        return f"owned by another user (uid {info.st_uid})"
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return "writable by other users"
-    return None
-
-
-def _globals(fn: Callable[..., Any]) -> dict[str, Any]:
-    func = fn.__func__ if isinstance(fn, types.MethodType) else fn
-    return dict(getattr(func, "__globals__", {}))
-
-
-def _modules_read(compiled: Any, fn: Callable[..., Any]) -> dict[str, str]:
-    """The globals the bytecode reads that hold modules (Dynamo names some by object id, so a
-    new process must be given them): name -> module name."""
-    scope = _globals(fn)
-    return {
-        name: scope[name].__name__
-        for name in torch_internals.global_names(compiled)
-        if isinstance(scope.get(name), types.ModuleType)
-    }
-
-
-def _save(compiled: Any, path: Path, key: Mapping[str, Any], fn: Callable[..., Any]) -> None:
-    """Write the entry: each file atomically, and the pair checked by the binary's digest."""
-    binary, record_file = entry_files(path)
-    binary.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    record: dict[str, Any] = {
-        "key": dict(key),
-        "sources": torch_internals.traced_sources(compiled),
-        "modules": _modules_read(compiled, fn),
-        "sha256": None,
-    }
-    # The record goes first and names the binary's digest: a reader that finds a binary whose
-    # digest is not its record's (a write cut short, two writers) compiles instead of loading.
-    record_file.unlink(missing_ok=True)
-    _atomic(binary, lambda tmp: torch_internals.save_compiled(compiled, tmp))
-    record["sha256"] = _sha256(binary)
-    _atomic(record_file, lambda tmp: Path(tmp).write_text(json.dumps(record, indent=1)))
-
-
-def _atomic(target: Path, write: Callable[[str], Any]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def cache_compile(
     fn: Callable[..., Any],
     *,
@@ -406,48 +332,3 @@ def cache_compile(
     torch_internals.require("compile-cache")
     root = Path(cache_dir) if cache_dir is not None else default_root()
     return CachedFunction(fn, config, dynamic, _default_location(root))
-
-
-@dataclasses.dataclass(frozen=True)
-class EntryInfo:
-    """One entry on disk: its compiled file, the function it compiles, its size and age."""
-
-    path: Path
-    function: str
-    bytes: int
-    modified: float
-
-
-def default_root() -> Path:
-    """Where :func:`cache_compile` keeps entries unless told otherwise."""
-    return cache_root() / "compiled"
-
-
-def list_entries(root: Path) -> list[EntryInfo]:
-    """Every entry under ``root`` (airstream's layout or TorchAir's), oldest first."""
-    found = []
-    for record_file in root.rglob("*.json") if root.is_dir() else ():
-        binary = record_file.with_name(record_file.name[: -len(".json")])
-        if not binary.is_file():
-            continue
-        try:
-            function = json.loads(record_file.read_text())["key"]["function"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        size = binary.stat().st_size + record_file.stat().st_size
-        found.append(EntryInfo(binary, str(function), size, binary.stat().st_mtime))
-    return sorted(found, key=lambda e: e.modified)
-
-
-def clear_entries(root: Path) -> tuple[int, int]:
-    """Delete every entry under ``root`` (and the directories left empty): (entries, bytes)."""
-    entries = list_entries(root)
-    for entry in entries:
-        binary, record_file = entry_files(entry.path)
-        binary.unlink(missing_ok=True)
-        record_file.unlink(missing_ok=True)
-        parent = binary.parent
-        while parent != root and parent.is_dir() and not any(parent.iterdir()):
-            parent.rmdir()
-            parent = parent.parent
-    return len(entries), sum(e.bytes for e in entries)

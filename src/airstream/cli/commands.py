@@ -71,7 +71,7 @@ def cache(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from airstream.compile_cache import clear_entries, default_root, list_entries
+    from airstream.cache_files import clear_entries, default_root, list_entries
 
     root = Path(args.dir) if args.dir else default_root()
     if args.clear:

@@ -24,9 +24,10 @@ from typing import Any
 import torch
 
 from airstream import environment
+from airstream.cache_files import entry_files
 from airstream.cache_key import pass_identity
 from airstream.compat.torchair.config import CompilerConfig
-from airstream.compile_cache import CachedFunction, entry_files
+from airstream.compile_cache import CachedFunction
 
 __all__ = ["CompiledModel", "ModelCacheSaver", "TorchairCached", "cache_compile", "readable_cache"]
 
