@@ -13,7 +13,8 @@ Inductor's own cache directory, ``$TORCHINDUCTOR_CACHE_DIR``).
 A stale entry (made for other inputs, options, versions, or code that has changed since) or one
 that cannot be read is compiled again and overwritten, with one warning saying why. Calls check
 the inputs' tensor metadata, the plain values the trace branched on and the grad mode, and
-compile another entry when they differ. The files themselves: :mod:`airstream.cache_files`. The function must compile to one graph (``fullgraph``) and run forward only.
+compile another entry when they differ. The files themselves: :mod:`airstream.cache_files`.
+The function must compile to one graph (``fullgraph``) and run forward only.
 """
 
 from __future__ import annotations
