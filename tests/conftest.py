@@ -92,6 +92,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_cuda)
 
 
+@pytest.fixture
+def default_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mode users get: ``AIRSTREAM_MODE`` unset, so a config left at ``mode="default"``
+    compiles as it does for them (Inductor segments on CPU)."""
+    monkeypatch.delenv("AIRSTREAM_MODE", raising=False)
+
+
 @pytest.fixture(autouse=True)
 def _reset_dynamo() -> Any:
     torch.compiler.reset()
@@ -114,6 +121,25 @@ def graph_of(backend: AirstreamBackend, kind: str) -> CompiledGraph:
     graphs = [g for g in backend.graphs if g.kind == kind]
     assert graphs, f"no {kind} graph compiled; got {[g.kind for g in backend.graphs]}"
     return graphs[-1]
+
+
+def ops_by_stream(graph: CompiledGraph) -> dict[tuple[Any, str | None], int]:
+    """How many nodes of each (op, stream) the compiled graph runs, counting the members of each
+    fused max-autotune segment on the segment's stream: one answer in every mode."""
+    fused = {s.node: s.segment for s in graph.segments if s.node is not None}
+    counts: dict[tuple[Any, str | None], int] = {}
+    for node in graph.graph_module.graph.nodes:
+        if node.op != "call_function":
+            continue
+        segment = fused.get(node.name)
+        if segment is None:
+            key = (node.target, graph.streams.stream(node))
+            counts[key] = counts.get(key, 0) + 1
+            continue
+        for member in segment.members:
+            key = (member.target, segment.stream)
+            counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def targets(gm: torch.fx.GraphModule) -> list[Any]:

@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "effects",
                 "fusion",
                 "fused",
+                "layouts",
                 "nodes",
                 "streams",
                 "decompositions",

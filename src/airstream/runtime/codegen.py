@@ -16,9 +16,11 @@ Every generated function has the same shape::
 
 so an input or an intermediate dies as soon as its last reader on that function has run; values
 that cross streams are the hooks' to hand over and let go of. ``wait_tensor(x, dep)`` is ``x``
-(only its ordering mattered); a record token nobody reads as data is not made. The traced variant
-(``traced=True``) brackets every op with the profiler's hooks; executors build it the first time
-a profiler listens (:class:`Executor`).
+(only its ordering mattered), or a copy of ``x`` as eager makes one where ``x`` is broadcast or
+strided (its value, which its readers were compiled for, is laid out as a fresh tensor); a
+record token nobody reads as data is not made. The traced variant (``traced=True``) brackets
+every op with the profiler's hooks; executors build it the first time a profiler listens
+(:class:`Executor`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch.fx
 
 from airstream.effects import data_inputs
+from airstream.layouts import same_layout_as
 from airstream.nodes import describe, segment_of
 from airstream.ops.library import record, wait_tensor
 from airstream.ops.native import NATIVE_OPS
@@ -198,6 +201,18 @@ def _ident(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text)
 
 
+def _passes_through(node: torch.fx.Node) -> bool:
+    """Whether ``wait_tensor(x, dep)`` can be ``x`` itself: where its value has ``x``'s layout.
+    Its value is laid out as a fresh tensor like ``x`` (its eager kernel clones), which a
+    broadcast or strided ``x`` is not; what reads it was compiled for that layout, so there the
+    op runs as eager runs it, a copy."""
+    (waited,) = data_inputs(node)
+    mine, theirs = node.meta.get("val"), waited.meta.get("val")
+    if not isinstance(mine, torch.Tensor) or not isinstance(theirs, torch.Tensor):
+        return True
+    return same_layout_as(mine, theirs)
+
+
 def _reads_token(node: torch.fx.Node) -> bool:
     """A record token some node reads as data (not only as ordering)."""
     return any(node in data_inputs(user) for user in node.users)
@@ -265,6 +280,11 @@ def generate(
             if node.target is wait_tensor:
                 (waited,) = data_inputs(node)
                 env[node] = value(waited, on)  # identity: only the ordering mattered
+                if not _passes_through(node):  # a copy in the layout its readers expect
+                    if current[0] != on:
+                        hooks.switch(b, on)
+                        current[0] = on
+                    env[node] = graph.call_function(torch.ops.aten.clone.default, (env[node],))
             elif node.target is record and not _reads_token(node):
                 continue  # an event position: nothing to compute
             elif node.target in NATIVE_OPS and (

@@ -26,6 +26,7 @@ runtime can give it every thread whenever the other streams are waiting.
 
 from __future__ import annotations
 
+import functools
 import logging
 import operator
 import re
@@ -39,10 +40,11 @@ import torch
 import torch.fx
 
 from airstream import torch_internals
-from airstream.effects import EFFECTS_KEY, summarize
+from airstream.effects import EFFECTS_KEY, effects, summarize
 from airstream.errors import PassError, TorchSupportError
 from airstream.fused import CompiledSegment, Segment
 from airstream.fusion import is_matmul
+from airstream.layouts import dense_order, hints, same_layout
 from airstream.nodes import SEGMENT_KEY
 from airstream.schedule.overlap import overlapping_runs
 from airstream.schedule.plan import StreamPlan
@@ -94,23 +96,28 @@ def segment_module(
     gm: torch.fx.GraphModule, segment: Segment
 ) -> tuple[torch.fx.GraphModule, list[torch.fx.Node], list[SegmentOutput]]:
     """The segment as its own GraphModule returning a tuple of tensors, with the outer nodes it
-    reads (its inputs, in order) and what it returns (the values read after it, in order)."""
+    reads (its inputs, in order) and what it returns (the values read after it, in order).
+
+    Its inputs are the outer values its members read, in order of first use, then any size
+    symbol its values use that no such input gives Inductor (a size read from a tensor input's
+    dimension, or a symbolic int input): Inductor reads a symbol only from its inputs, and code
+    using one it was not given fails (``name 's11' is not defined``)."""
     members = list(segment.members)
     inside = set(members)
+    inputs: list[torch.fx.Node] = []
+    for node in members:
+        for arg in node.all_input_nodes:
+            if arg not in inside and arg not in inputs:
+                inputs.append(arg)
+    inputs += _symbol_inputs(gm, members, inputs)
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
-    inputs: list[torch.fx.Node] = []
-
-    def arg(node: torch.fx.Node) -> torch.fx.Node:
-        if node not in env:  # read from outside: a new input
-            placeholder = graph.placeholder(f"in_{len(inputs)}")
-            placeholder.meta["val"] = node.meta.get("val")
-            inputs.append(node)
-            env[node] = placeholder
-        return env[node]
-
+    for index, node in enumerate(inputs):
+        placeholder = graph.placeholder(f"in_{index}")
+        placeholder.meta["val"] = node.meta.get("val")
+        env[node] = placeholder
     for node in members:
-        env[node] = graph.node_copy(node, arg)
+        env[node] = graph.node_copy(node, env.__getitem__)
     outputs: list[SegmentOutput] = []
     values: list[torch.fx.Node] = []
     for node in members:
@@ -130,6 +137,67 @@ def segment_module(
             values.append(element)
     graph.output(tuple(values))
     return torch.fx.GraphModule(gm, graph, class_name="AirstreamSegment"), inputs, outputs
+
+
+def _symbol_inputs(
+    gm: torch.fx.GraphModule, members: Sequence[torch.fx.Node], inputs: Sequence[torch.fx.Node]
+) -> list[torch.fx.Node]:
+    """Outer nodes giving each size symbol the members' values use and ``inputs`` do not
+    give, defined before the segment (the graph's symbolic int inputs, ``sym_size`` nodes)."""
+    values = [n.meta.get("val") for n in [*members, *inputs]]
+    missing = torch_internals.unbound_symbols([n.meta.get("val") for n in inputs], values)
+    if not missing:
+        return []
+    found: list[torch.fx.Node] = []
+    for node in gm.graph.nodes:
+        if node is members[0] or not missing:
+            break
+        val = node.meta.get("val")
+        given = {s for s in missing if torch_internals.binds_symbol(val, s)}
+        if given:
+            found.append(node)
+            missing -= given
+    return found
+
+
+def views_after(gm: torch.fx.GraphModule, segment: Segment) -> int:
+    """Make the views a segment's readers take of its values after it, as aten views of what it
+    returns, instead of returning them from the compiled code; return how many were made.
+
+    A view is metadata on the memory of its base. Returned from compiled code it is whatever
+    Inductor makes of it: a copy where it cannot express the layout (a broadcast, a slice with
+    gaps), and a copy no longer shares its base's memory. Made after the segment from the base
+    the segment returns (a fresh value, or the segment's input), it has exactly the strides and
+    the aliasing eager gives it. Each outside reader of a view member reads a copy of the view
+    chain from its base, placed after the segment's last member on the segment's stream; the
+    members stay for the segment's own readers."""
+    members = segment.members
+    inside = set(members)
+    made = 0
+    anchor = members[-1]
+    for node in members:
+        outside = [user for user in node.users if user not in inside]
+        if not outside or not effects(node).view:
+            continue
+        chain = [node]  # from the view read outside back to its first non-view ancestor
+        while True:
+            (base,) = effects(chain[-1]).aliases or (None,)
+            if base is None or base not in inside or not effects(base).view:
+                break
+            chain.append(base)
+        copied: dict[torch.fx.Node, torch.fx.Node] = {}
+        for view in reversed(chain):
+            with gm.graph.inserting_after(anchor):
+                copy = gm.graph.node_copy(view, functools.partial(_renamed, copied))
+            copied[view] = anchor = copy
+        for user in outside:
+            user.replace_input_with(node, copied[node])
+        made += len(chain)
+    return made
+
+
+def _renamed(copies: dict[torch.fx.Node, torch.fx.Node], node: torch.fx.Node) -> torch.fx.Node:
+    return copies.get(node, node)
 
 
 def _tuple_index(node: torch.fx.Node, user: torch.fx.Node) -> int:
@@ -155,36 +223,116 @@ def _decompose(sub: torch.fx.GraphModule, fakes: Sequence[Any], fake_mode: Any) 
     return traced
 
 
-def _pin_output_strides(decomposed: torch.fx.GraphModule, sub: torch.fx.GraphModule) -> None:
-    """Every output of a segment is read by code compiled for its recorded strides (the next
-    segment, an aten op, the caller): make Inductor produce exactly those, as it does for a
-    graph's user-visible outputs, instead of a layout it prefers (channels-last after a
-    convolution). Inductor's FX graph cache key does not cover this metadata; the strides are a
-    function of the segment's ops and input layouts, which it does cover."""
+def _wanted_strides(sub: torch.fx.GraphModule) -> list[tuple[Any, ...] | None]:
+    """The strides each output of a segment is read in: its value's recorded strides (the next
+    segment, an aten op and the caller were compiled or traced for them); None: not a tensor."""
     (sub_output,) = sub.graph.find_nodes(op="output")
-    (output,) = decomposed.graph.find_nodes(op="output")
-    strides = [
+    return [
         val.stride()
         if isinstance(val := getattr(arg, "meta", {}).get("val"), torch.Tensor)
         else None
         for arg in sub_output.args[0]
     ]
-    torch_internals.pin_output_strides(output, strides)
+
+
+def _restore_layouts(
+    decomposed: torch.fx.GraphModule, wanted: Sequence[Any], fake_mode: Any
+) -> None:
+    """Give each output of the decomposed segment the layout its readers were compiled for.
+
+    Inductor's decompositions may change a layout (``cat`` of an empty tensor and ``x`` becomes
+    ``x.clone()``, which keeps a transposed ``x``'s strides where aten's ``cat`` returns a
+    contiguous tensor), and before torch 2.15 Inductor takes the strides it must return from
+    the decomposed graph, not from the output node's ``original_output_strides``. So a
+    differing dense output is made in the wanted order by construction: permuted so that the
+    order is the natural one, made contiguous, permuted back. Inductor fuses that copy into the
+    kernel producing the value; the graph states the layout, so Inductor's FX graph cache key
+    covers it. A layout no copy can have (broadcast, gaps) is left to the check after the
+    compile."""
+    (output,) = decomposed.graph.find_nodes(op="output")
+    values = list(output.args[0])
+    changed = False
+    for index, (node, want) in enumerate(zip(values, wanted, strict=True)):
+        val = getattr(node, "meta", {}).get("val")
+        if want is None or not isinstance(val, torch.Tensor):
+            continue
+        if same_layout(val.shape, val.stride(), want):
+            continue
+        order = dense_order(val.shape, want)
+        if order is None:
+            continue
+        inverse = sorted(range(len(order)), key=order.__getitem__)
+        graph, aten = decomposed.graph, torch.ops.aten
+        with graph.inserting_before(output):
+            permuted = graph.call_function(aten.permute.default, (node, order))
+            dense = graph.call_function(
+                aten.clone.default, (permuted,), {"memory_format": torch.contiguous_format}
+            )
+            restored = graph.call_function(aten.permute.default, (dense, inverse))
+        with fake_mode:
+            permuted.meta["val"] = val.permute(order)
+            dense.meta["val"] = permuted.meta["val"].clone(memory_format=torch.contiguous_format)
+            restored.meta["val"] = dense.meta["val"].permute(inverse)
+        values[index] = restored
+        changed = True
+    if changed:
+        output.args = (tuple(values),)
+        decomposed.recompile()
+
+
+class LayoutMismatch(RuntimeError):
+    """Inductor returns a segment's output in strides its readers were not compiled for."""
+
+
+def _check_layouts(
+    sub: torch.fx.GraphModule,
+    wanted: Sequence[Any],
+    returned: Sequence[tuple[int, ...] | None] | None,
+    outputs: Sequence[SegmentOutput],
+) -> None:
+    """Refuse a compiled segment that would hand a value on in strides other than the ones its
+    readers (the next segment, an aten op, the caller) were compiled for: it runs as aten code
+    instead, and nothing reads a value in a layout it was not compiled for."""
+    if returned is None:
+        return
+    (sub_output,) = sub.graph.find_nodes(op="output")
+    for arg, want, got, out in zip(sub_output.args[0], wanted, returned, outputs, strict=True):
+        val = arg.meta.get("val")
+        if want is None or got is None or not isinstance(val, torch.Tensor):
+            continue
+        if not same_layout(val.shape, got, want):
+            readers = ", ".join(sorted(u.name for u in out.node.users)) or "the graph's output"
+            name = out.node.name if out.index is None else f"{out.node.name}[{out.index}]"
+            raise LayoutMismatch(
+                f"Inductor returns {name} (shape {hints(val.shape)}) in strides "
+                f"{tuple(got)} where its readers ({readers}) were compiled for {hints(want)}"
+            )
 
 
 def _compile(
-    sub: torch.fx.GraphModule, fakes: Sequence[Any], fake_mode: Any, graph_kind: str, threads: int
+    sub: torch.fx.GraphModule,
+    fakes: Sequence[Any],
+    fake_mode: Any,
+    graph_kind: str,
+    threads: int,
+    outputs: Sequence[SegmentOutput],
 ) -> tuple[Callable[[list[Any]], Any], tuple[str, ...], str]:
-    """Inductor-compile one segment: (callable on a list of inputs, kernel names, cache)."""
+    """Inductor-compile one segment: (callable on a list of inputs, kernel names, cache). Its
+    outputs come back in the strides recorded for them (what their readers were compiled for),
+    or it raises LayoutMismatch."""
     decomposed = _decompose(sub, fakes, fake_mode)
-    _pin_output_strides(decomposed, sub)
+    wanted = _wanted_strides(sub)
+    _restore_layouts(decomposed, wanted, fake_mode)
+    (output,) = decomposed.graph.find_nodes(op="output")
+    torch_internals.pin_output_strides(output, wanted)  # torch 2.15 honors it for every layout
     hits = torch_internals.fxgraph_cache_hits()
-    compiled, source = torch_internals.inductor_compile(
+    compiled = torch_internals.inductor_compile(
         decomposed, fakes, fake_mode=fake_mode, graph_kind=graph_kind, threads=threads
     )
     after = torch_internals.fxgraph_cache_hits()
+    _check_layouts(sub, wanted, compiled.output_strides, outputs)
     cache = "unknown" if hits is None or after is None else "hit" if after > hits else "miss"
-    return compiled, kernel_names(source), cache
+    return compiled.call, kernel_names(compiled.source), cache
 
 
 def _key(sub: torch.fx.GraphModule, fakes: Sequence[Any]) -> tuple[Any, ...]:
@@ -287,6 +435,7 @@ def compile_segments(
     for segment in segments:
         start = time.perf_counter()
         try:
+            views_after(gm, segment)
             sub, inputs, outputs = segment_module(gm, segment)
             fakes = [n.meta.get("val") for n in inputs]
             count = threads(segment)
@@ -298,7 +447,9 @@ def compile_segments(
                 fake_mode = torch_internals.detect_fake_mode(fakes)
                 if fake_mode is None:
                     raise RuntimeError("no fake tensor metadata on the segment's inputs")
-                compiled, kernels, cache = _compile(sub, fakes, fake_mode, graph_kind, count)
+                compiled, kernels, cache = _compile(
+                    sub, fakes, fake_mode, graph_kind, count, outputs
+                )
                 shared[key] = (compiled, kernels)
         except TorchSupportError:
             raise

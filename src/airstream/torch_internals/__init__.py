@@ -87,6 +87,8 @@ from airstream.torch_internals.functionalize import (
     outputs_rebuilt_from_inputs,
 )
 from airstream.torch_internals.inductor import (
+    InductorCompiled,
+    binds_symbol,
     apply_patterns,
     custom_graph_module_pass,
     custom_graph_pass,
@@ -98,9 +100,11 @@ from airstream.torch_internals.inductor import (
     is_inductor_pass,
     pattern_pass,
     pin_output_strides,
+    plain_symbol,
     register_pattern,
     tag_original_aten,
     trace_forward,
+    unbound_symbols,
 )
 from airstream.torch_internals.mkl import mkl_thread_setter
 from airstream.torch_internals.registry import (
@@ -203,6 +207,7 @@ __all__ = [
     "streams_op",
     "wrap_sync_nodes",
     "trace_forward",
+    "unbound_symbols",
     "register_pattern",
     "pattern_pass",
     "apply_patterns",
@@ -243,6 +248,8 @@ __all__ = [
     "functional_collectives",
     "fxgraph_cache_hits",
     "inductor_compile",
+    "InductorCompiled",
+    "binds_symbol",
     "inductor_cpp_compiler",
     "inductor_decomposition_table",
     "keep_in_forward",
@@ -262,6 +269,7 @@ __all__ = [
     "OpOverload",
     "OpOverloadPacket",
     "pin_output_strides",
+    "plain_symbol",
     "probe",
     "probe_all",
     "ProbeResult",

@@ -4,7 +4,9 @@ output strides, the FX graph cache counter and the C++ compiler lookup."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
+import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -22,6 +24,7 @@ from airstream.torch_internals.registry import (
     _optional,
     _takes,
 )
+from airstream.torch_internals.tools import size_hint
 
 # --- max-autotune: Inductor -------------------------------------------------------------------
 
@@ -31,7 +34,7 @@ from airstream.torch_internals.registry import (
     "torch._inductor.compile_fx.compile_fx_inner(is_inference, is_backward), "
     "torch._inductor.config.cpp.threads, .triton.cudagraphs and .fx_graph_cache, "
     "torch._functorch.config.bundled_autograd_cache, "
-    "torch._guards.TracingContext/tracing and the compiled "
+    "torch._guards.TracingContext/tracing/report_output_strides and the compiled "
     "graph's source_code",
     "max-autotune",
     'compiling each segment with Inductor in mode="max-autotune"',
@@ -47,6 +50,8 @@ def _probe_inductor_compile() -> tuple[Callable[..., Any], Any, Any, Any, Any]:
     if not isinstance(config.fx_graph_cache, bool):
         raise AttributeError("torch._inductor.config.fx_graph_cache is not a bool option")
     context, tracing = _attr("torch._guards:TracingContext"), _attr("torch._guards:tracing")
+    if not callable(getattr(context, "report_output_strides", None)):
+        raise AttributeError("TracingContext has no report_output_strides")
     output_code = _attr("torch._inductor.output_code:CompiledFxGraph")
     if "source_code" not in getattr(output_code, "__dataclass_fields__", {}):
         raise AttributeError("CompiledFxGraph has no source_code field")
@@ -100,6 +105,67 @@ def _compound_symint(value: Any) -> bool:
     return isinstance(value, torch.SymInt) and not value.node.expr.is_symbol
 
 
+@_feature(
+    "inductor_input_symbols",
+    "torch.fx.experimental.symbolic_shapes._get_placeholder_expr and free_symbols",
+    "max-autotune",
+    "giving each segment the size symbols its code uses (dynamic shapes)",
+)
+def _probe_inductor_input_symbols() -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
+    placeholder = _attr("torch.fx.experimental.symbolic_shapes:_get_placeholder_expr")
+    lowering = _attr("torch._inductor.graph:GraphLowering")
+    try:  # Inductor binds a symbolic int input with it (a torch without sources passes)
+        source = inspect.getsource(lowering.placeholder)
+    except (OSError, TypeError):
+        source = "_get_placeholder_expr"
+    if "_get_placeholder_expr" not in source:
+        raise LookupError("GraphLowering.placeholder no longer binds _get_placeholder_expr")
+    return placeholder, _attr("torch.fx.experimental.symbolic_shapes:free_symbols")
+
+
+def plain_symbol(value: Any) -> Any:
+    """The sympy symbol a symbolic int is (``s0``, after the shape environment's replacements),
+    or None (an int, an expression, no int)."""
+    if isinstance(value, torch.SymInt) and value.node.expr.is_symbol:
+        return value.node.expr
+    return None
+
+
+def unbound_symbols(inputs: Sequence[Any], values: Sequence[Any]) -> set[Any]:
+    """The size symbols ``values`` (fake tensors, symbolic ints) use that a graph with
+    ``inputs`` as its example inputs would not give Inductor. Inductor reads a symbol from a
+    tensor input's size or stride that is that symbol, and from a symbolic int input the symbol
+    it was made as: where the shape environment has since found that symbol equal to another
+    (``s27`` is ``s11``), its code uses the other, which such an input does not give."""
+    placeholder_expr, free_symbols = _get("inductor_input_symbols")
+    bound: set[Any] = set()
+    for value in inputs:
+        if isinstance(value, torch.Tensor):
+            for dim in (*value.shape, *value.stride()):
+                symbol = plain_symbol(dim)
+                if symbol is not None:
+                    bound.add(symbol)
+        elif isinstance(value, torch.SymInt):
+            bound.add(placeholder_expr(value.node))
+    used: set[Any] = set()
+    for value in values:
+        items = value if isinstance(value, (tuple, list)) else (value,)
+        for item in items:
+            if isinstance(item, (torch.Tensor, torch.SymInt)):
+                used |= set(free_symbols(item))
+    return used - bound
+
+
+def binds_symbol(value: Any, symbol: Any) -> bool:
+    """Whether ``value``, as a graph input, gives Inductor ``symbol`` (see unbound_symbols)."""
+    if isinstance(value, torch.SymInt):
+        placeholder_expr, _ = _get("inductor_input_symbols")
+        return bool(placeholder_expr(value.node) == symbol)
+    if isinstance(value, torch.Tensor):
+        return any(plain_symbol(d) == symbol for d in (*value.shape, *value.stride()))
+    return False
+
+
 @contextlib.contextmanager
 def _inductor_context(fake_mode: Any, threads: int, graph_cache: bool = True) -> Iterator[None]:
     _, config, context, tracing, functorch = _get("inductor_compile")
@@ -123,6 +189,17 @@ def _inductor_context(fake_mode: Any, threads: int, graph_cache: bool = True) ->
         yield
 
 
+@dataclasses.dataclass(frozen=True)
+class InductorCompiled:
+    """A graph Inductor compiled: the boxed callable (takes a list of inputs), its generated
+    source (``""`` if it has none) and the strides it returns each output in, as Inductor
+    reports them (at the example sizes; None: not a tensor, or not reported)."""
+
+    call: Callable[[list[Any]], Any]
+    source: str
+    output_strides: tuple[tuple[int, ...] | None, ...] | None
+
+
 def inductor_compile(
     gm: torch.fx.GraphModule,
     example_inputs: Sequence[Any],
@@ -130,23 +207,52 @@ def inductor_compile(
     fake_mode: Any,
     graph_kind: str,
     threads: int = 0,
-) -> tuple[Callable[[list[Any]], Any], str]:
+) -> InductorCompiled:
     """Compile a decomposed aten graph with Inductor, in a tracing context of ``fake_mode``;
-    ``threads`` > 0 fixes generated CPU kernels' intra-op threads. Returns the boxed callable
-    (takes a list of inputs) and Inductor's generated source (``""`` if it has none)."""
-    compile_inner = _get("inductor_compile")[0]
+    ``threads`` > 0 fixes generated CPU kernels' intra-op threads."""
+    compile_inner, _, context, _, _ = _get("inductor_compile")
     # The FX graph cache checks an entry's shape guards by the Dynamo sources of the graph's
     # symbolic inputs; a segment input like ``s0*s1`` (an int the model computed) is no source,
     # and the lookup fails with a KeyError on the source's name: compile such segments uncached.
     cacheable = not any(_compound_symint(v) for v in example_inputs)
-    with _inductor_context(fake_mode, threads, graph_cache=cacheable):
+    with (
+        _inductor_context(fake_mode, threads, graph_cache=cacheable),
+        context.report_output_strides() as reported,
+    ):
         compiled = compile_inner(
             gm,
             list(example_inputs),
             is_inference=graph_kind == "inference",
             is_backward=graph_kind == "backward",
         )
-    return compiled, getattr(compiled, "source_code", "") or ""
+    strides = None
+    if reported is not None and len(reported) == len(_output_args(gm)):
+        strides = tuple(_concrete(s) for s in reported)
+    return InductorCompiled(compiled, getattr(compiled, "source_code", "") or "", strides)
+
+
+def _concrete(stride: Sequence[Any] | None) -> tuple[int, ...] | None:
+    """A reported stride at the example sizes: Inductor evaluates its symbolic strides with
+    the shape environment's values, which may come back as sympy numbers; None where one is not
+    a number."""
+    if stride is None:
+        return None
+    values = []
+    for x in stride:
+        if isinstance(x, torch.SymInt):
+            values.append(size_hint(x))
+            continue
+        try:
+            values.append(int(x))
+        except (TypeError, ValueError):
+            return None
+    return tuple(values)
+
+
+def _output_args(gm: torch.fx.GraphModule) -> Sequence[Any]:
+    (output,) = gm.graph.find_nodes(op="output")
+    args = output.args[0]
+    return args if isinstance(args, (tuple, list)) else (args,)
 
 
 def inductor_decomposition_table() -> Mapping[Any, Callable[..., Any]]:
