@@ -1,5 +1,6 @@
-"""A fuzzer for stream programs: random DAGs of aten ops on random streams, with random
-record/wait/wait_tensor edges, in-place input mutation and RNG ops.
+"""A fuzzer for stream programs: random DAGs of aten ops on random streams (views and layout
+changes among them), with random record/wait/wait_tensor edges, in-place input mutation and RNG
+ops.
 
 A program is plain data (:class:`Program`), drawn from any ``random.Random`` (hypothesis supplies
 one in the tests, a seeded one in ``airstream selftest fuzz``). :func:`check_program` traces it,
@@ -23,6 +24,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from airstream.errors import StreamError
+from airstream.layouts import same_layout_as
 from airstream.ops.library import STREAM_LABEL_KEY
 from airstream.runtime.cpu import CpuExecutor
 from airstream.runtime.serial import SerialExecutor
@@ -42,6 +44,18 @@ SHAPE = (4, 4)
 STREAMS: tuple[str | None, ...] = (None, "f1", "f2", "f3")
 UNARY = ("sin", "cos", "relu", "neg", "tanh", "sigmoid")
 BINARY = ("add", "mul", "sub", "maximum", "mm")
+# Ops that hand on a value in another layout than their input's, as attention does (heads
+# transposed, GQA's expand, a KV cache grown by ``cat`` from empty, rotary embedding's halves):
+# a transposed view, a broadcast row (stride 0), ``cat`` of an empty tensor (whose Inductor
+# decomposition keeps its input's strides where aten's returns a contiguous tensor) and every
+# other column of a fresh value twice as wide (a view with gaps).
+LAYOUT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "t": torch.t,
+    "expand_row": lambda x: x[:1].expand(SHAPE),
+    "cat_empty": lambda x: torch.cat([x.new_empty(SHAPE[0], 0), x], 1),
+    "every_other": lambda x: torch.cat([x, -x], 1)[:, ::2],
+}
+_VIEWS = frozenset({"t", "expand_row"})  # the LAYOUT ops whose result shares its input's memory
 
 air = torch.ops.air
 
@@ -80,6 +94,7 @@ def draw_program(rng: random.Random, max_steps: int = 14) -> Program:
     """A random valid program."""
     inputs = rng.randint(1, 3)
     values = inputs
+    base = list(range(inputs))  # the value each value's memory belongs to (views share it)
     tokens = 0
     steps: list[Step] = []
     for _ in range(rng.randint(1, max_steps)):
@@ -87,13 +102,19 @@ def draw_program(rng: random.Random, max_steps: int = 14) -> Program:
         roll = rng.random()
         if roll < 0.45:
             if rng.random() < 0.5:
-                steps.append(Step("op", stream, rng.choice(UNARY), (rng.randrange(values),)))
+                name = rng.choice(UNARY + tuple(LAYOUT))
+                # half the time the newest value: chains such as t -> cat_empty -> sin
+                arg = values - 1 if rng.random() < 0.5 else rng.randrange(values)
+                steps.append(Step("op", stream, name, (arg,)))
+                base.append(base[arg] if name in _VIEWS else values)
             else:
                 pair = (rng.randrange(values), rng.randrange(values))
                 steps.append(Step("op", stream, rng.choice(BINARY), pair))
+                base.append(values)
             values += 1
         elif roll < 0.55:
             steps.append(Step("rand", stream))
+            base.append(values)
             values += 1
         elif roll < 0.67:
             steps.append(Step("record", stream))
@@ -109,11 +130,14 @@ def draw_program(rng: random.Random, max_steps: int = 14) -> Program:
         elif roll < 0.9:
             pair = (rng.randrange(values), rng.randrange(values))
             steps.append(Step("wait_tensor", stream, args=pair))
+            base.append(base[pair[0]])
             values += 1
         else:
-            steps.append(
-                Step("mutate", stream, args=(rng.randrange(inputs), rng.randrange(values)))
-            )
+            target = rng.randrange(inputs)
+            # eager refuses an in-place add whose source overlaps its target (x.add_(x.t()))
+            sources = [v for v in range(values) if base[v] != target]
+            if sources:
+                steps.append(Step("mutate", stream, args=(target, rng.choice(sources))))
     outputs = sorted({values - 1, *(rng.randrange(values) for _ in range(rng.randint(0, 2)))})
     return Program(inputs, tuple(steps), tuple(outputs))
 
@@ -136,7 +160,7 @@ def program_fn(program: Program) -> Callable[..., tuple[torch.Tensor, ...]]:
         tokens: list[torch.Tensor] = []
         for step in program.steps:
             if step.kind == "op":
-                fn = getattr(torch, step.name)
+                fn = LAYOUT.get(step.name) or getattr(torch, step.name)
                 args = [values[i] for i in step.args]
                 values.append(_scoped(step.stream, functools.partial(fn, *args)))
             elif step.kind == "rand":
@@ -247,6 +271,10 @@ def check_program_max_autotune(
         )
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
             torch.testing.assert_close(g, w, equal_nan=True, msg=f"output {i}")
+            if not same_layout_as(g, w):  # a caller sees the strides eager returns
+                raise AssertionError(
+                    f"output {i}: strides {g.stride()}, the aten path's {w.stride()}"
+                )
         for i, (g, w) in enumerate(zip(got_inputs, ref_inputs, strict=True)):
             torch.testing.assert_close(g, w, equal_nan=True, msg=f"input {i}")
     return len(segments)
