@@ -10,9 +10,18 @@ from __future__ import annotations
 import pytest
 from tests.conftest import slow
 
-from airstream.selftest.models import ARCHS, applies, format_table, run_case, run_suite
+from airstream.selftest.models import (
+    ARCHS,
+    CaseResult,
+    applies,
+    format_table,
+    parse_config,
+    run_case,
+    run_suite,
+)
 
 _FAST = "tests/test_models.py::test_model_case_matches_eager"
+_DEFAULT_FAST = "tests/test_models.py::test_model_case_matches_eager_in_the_default_mode"
 CASES = [
     ("llama", "forced"),  # every third op on a side stream: the planner's syncs on a real graph
     pytest.param(  # a second sequence length: dynamic shapes, no extra recompile
@@ -28,9 +37,6 @@ CASES = [
     pytest.param(  # greedy decoding with the KV cache: the same tokens
         "deepseek_v3", "generate", marks=slow("prefill and 4 decode graphs, compared", _FAST)
     ),
-    pytest.param(  # Inductor segments, with DynamicCache's constant tensor
-        "gpt2", "max-autotune", marks=slow("Inductor's C++ kernels for a whole model", _FAST)
-    ),
     pytest.param(
         "llama",
         "training",
@@ -42,14 +48,69 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("arch", "config"), CASES)  # ids: llama-forced, ...
-def test_model_case_matches_eager(arch: str, config: str) -> None:
-    result = run_case(ARCHS[arch], config)
+def _check(result: CaseResult, config: str, arch: str) -> None:
     assert result.status == "pass", format_table([result])
     assert result.extra_recompiles == 0, format_table([result])
     assert result.graphs == result.reference_graphs, "no graph break of airstream's own"
-    if config in ("forced", "shared_expert") or ARCHS[arch].alt_stream:
+    placement = parse_config(config)[1]
+    if placement in ("forced", "shared_expert", "auto_forced") or ARCHS[arch].alt_stream:
         assert result.side_streams >= 1, "the configuration placed work on a side stream"
+
+
+@pytest.mark.parametrize(("arch", "config"), CASES)  # ids: llama-forced, ...
+def test_model_case_matches_eager(arch: str, config: str) -> None:
+    result = run_case(ARCHS[arch], config)  # tests/conftest.py: reduce-overhead
+    assert result.mode == "reduce-overhead"
+    _check(result, config, arch)
+
+
+# The default mode (Inductor segments on CPU), as users compile: a case per model family and
+# per cause the default mode's stream programs had (tests/test_segment_boundaries.py has each at
+# its smallest): a dense decoder with streams forced (GQA attention, the KV cache's cat: a
+# segment's output layout), an MoE decoder, an encoder, a seq2seq model at two lengths (a size
+# symbol no input gave), training (views returned by a segment).
+DEFAULT_CASES = [
+    ("llama", "auto_forced"),
+    ("qwen3_moe", "auto_forced"),
+    ("bert", "auto_forced"),
+    ("t5", "two_lengths/auto_forced"),
+    ("mistral", "training/auto_forced"),
+]
+# --runslow: the matrix, every architecture in every run with streams forced, in both modes
+# (reduce-overhead: inference and training), and with auto_streams deciding (nominal costs)
+_RUNS = ("auto_forced", "training/auto_forced", "two_lengths/auto_forced", "generate/auto_forced")
+MATRIX = [
+    pytest.param(
+        arch, config, mode, marks=slow("the model matrix: a compile per case", _DEFAULT_FAST)
+    )
+    for arch in ARCHS
+    for mode, configs in (
+        ("default", (*_RUNS, "auto_streams")),
+        ("reduce-overhead", _RUNS[:2]),
+    )
+    for config in configs
+    if applies(ARCHS[arch], config) and (arch, config) not in DEFAULT_CASES
+]
+
+
+@pytest.mark.parametrize(("arch", "config"), DEFAULT_CASES)
+def test_model_case_matches_eager_in_the_default_mode(
+    arch: str, config: str, default_mode: None
+) -> None:
+    result = run_case(ARCHS[arch], config)
+    assert result.mode == "max-autotune", "mode='default' on CPU: Inductor segments"
+    _check(result, config, arch)
+    assert result.fallbacks == 0, format_table([result])
+
+
+@pytest.mark.parametrize(("arch", "config", "mode"), MATRIX)
+def test_the_model_matrix_matches_eager(
+    arch: str, config: str, mode: str, default_mode: None
+) -> None:
+    result = run_case(ARCHS[arch], config, mode)
+    _check(result, config, arch)
+    if mode == "default":
+        assert result.fallbacks == 0, format_table([result])
 
 
 @slow("BERT's forward and backward, compiled and with aot_eager", _FAST)
@@ -69,5 +130,18 @@ def test_cases_that_do_not_apply_are_reported_as_such() -> None:
 
 
 def test_unknown_names_are_refused_with_the_choices() -> None:
-    with pytest.raises(ValueError, match=r"\['lama'\].*architectures: llama, gpt2"):
+    with pytest.raises(ValueError, match=r"\['lama'\].*architectures: llama, mistral"):
         run_suite(["lama"])
+    with pytest.raises(ValueError, match=r"\['training/fast'\].*runs two_lengths, training"):
+        run_suite(["llama"], ["training/fast"])
+    with pytest.raises(ValueError, match=r"unknown mode 'fast'; modes: default, reduce-overhead"):
+        run_suite(["llama"], ["default"], mode="fast")
+
+
+def test_configuration_names_are_a_run_and_a_placement() -> None:
+    assert parse_config("default") == ("inference", "none")
+    assert parse_config("auto_forced") == ("inference", "auto_forced")
+    assert parse_config("training") == ("training", "none")
+    assert parse_config("generate/auto_forced") == ("generate", "auto_forced")
+    with pytest.raises(ValueError):
+        parse_config("inference/auto_forced")  # inference is named by its placement alone

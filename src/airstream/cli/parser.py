@@ -112,6 +112,7 @@ def _add_selftest(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             "airstream selftest fuzz --mode max-autotune --cases 100",
             "airstream selftest opinfo --ops add,mm --no-inductor",
             "airstream selftest models --archs llama --json",
+            "airstream selftest models --configs auto_forced,training/auto_forced",
         ],
     )
     selftest.add_argument(
@@ -125,10 +126,11 @@ def _add_selftest(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     selftest.add_argument("--runs", type=int, default=2, help="fuzz: runs per program")
     selftest.add_argument(
         "--mode",
-        choices=["reduce-overhead", "max-autotune"],
-        default="reduce-overhead",
+        choices=["default", "reduce-overhead", "max-autotune"],
+        default=None,
         help="fuzz: max-autotune compiles each program's segments with Inductor and compares "
-        "with the aten path",
+        "with the aten path (default reduce-overhead); models: the mode every case compiles in "
+        "(default: default, what torch.compile users get: Inductor segments on CPU)",
     )
     selftest.add_argument("--ops", default="", help="opinfo: comma-separated op names (all)")
     selftest.add_argument(

@@ -24,8 +24,10 @@ def _fuzz(args: argparse.Namespace) -> int:
 
     from airstream.selftest.fuzz import run_fuzz
 
+    # the default mode on CPU is max-autotune; without --mode the fuzzer runs the aten path
+    mode = {None: "reduce-overhead", "default": "max-autotune"}.get(args.mode, args.mode)
     start = time.perf_counter()
-    report = run_fuzz(args.cases, seed=args.seed, runs=args.runs, mode=args.mode)
+    report = run_fuzz(args.cases, seed=args.seed, runs=args.runs, mode=mode)
     report["seconds"] = round(time.perf_counter() - start, 1)
     report["seed"] = args.seed
     if args.json:
@@ -33,7 +35,7 @@ def _fuzz(args: argparse.Namespace) -> int:
     else:
         compared = (
             f"with {report['segments']} Inductor segments against the aten path"
-            if args.mode == "max-autotune"
+            if mode == "max-autotune"
             else "through the CPU runtime and the serial executor"
         )
         print(
@@ -64,6 +66,7 @@ def _models(args: argparse.Namespace) -> int:
             archs=args.archs.split(",") if args.archs else None,
             configs=args.configs.split(",") if args.configs else None,
             progress=None if args.json else show,
+            mode=args.mode or "default",
         )
     except ValueError as error:
         print(f"airstream selftest models: {error}", file=sys.stderr)

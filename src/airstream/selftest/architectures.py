@@ -63,10 +63,36 @@ _DECODER = {
     "max_position_embeddings": 128,
 }
 
+# special tokens inside the test vocabulary, where a config's defaults name ids beyond it
+_TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+
+_SPARSE = {"moe_intermediate_size": 64, "num_experts": 4, "num_experts_per_tok": 2}
+
 ARCHS: dict[str, Arch] = {
     a.name: a
     for a in (
         Arch("llama", "causal", "LlamaConfig", "LlamaForCausalLM", _DECODER),
+        Arch("mistral", "causal", "MistralConfig", "MistralForCausalLM", _DECODER),
+        Arch("qwen2", "causal", "Qwen2Config", "Qwen2ForCausalLM", _DECODER),
+        Arch(  # q/k norms per head
+            "qwen3", "causal", "Qwen3Config", "Qwen3ForCausalLM", {**_DECODER, "head_dim": 16}
+        ),
+        Arch(  # fused qkv and gate/up projections, split by slicing
+            "phi3", "causal", "Phi3Config", "Phi3ForCausalLM", {**_DECODER, **_TOKENS}
+        ),
+        Arch("gemma", "causal", "GemmaConfig", "GemmaForCausalLM", {**_DECODER, "head_dim": 16}),
+        Arch(  # sliding-window and global layers, q/k norms, soft-capping off
+            "gemma3_text",
+            "causal",
+            "Gemma3TextConfig",
+            "Gemma3ForCausalLM",
+            {
+                **_DECODER,
+                "head_dim": 16,
+                "sliding_window": 8,
+                "layer_types": ["sliding_attention", "full_attention"],
+            },
+        ),
         Arch(
             "gpt2",
             "causal",
@@ -78,6 +104,7 @@ ARCHS: dict[str, Arch] = {
                 "n_layer": 2,
                 "n_head": 4,
                 "n_positions": 128,
+                **_TOKENS,
                 "resid_pdrop": 0.0,
                 "embd_pdrop": 0.0,
                 "attn_pdrop": 0.0,
@@ -98,6 +125,30 @@ ARCHS: dict[str, Arch] = {
             "Qwen2MoeForCausalLM",
             {**_DECODER, **_QWEN2_MOE},
             shared_expert=r"shared_expert\b",
+            experts=True,
+        ),
+        Arch(
+            "qwen3_moe",
+            "causal",
+            "Qwen3MoeConfig",
+            "Qwen3MoeForCausalLM",
+            {**_DECODER, **_SPARSE, "head_dim": 16},
+            experts=True,
+        ),
+        Arch(
+            "olmoe",
+            "causal",
+            "OlmoeConfig",
+            "OlmoeForCausalLM",
+            {**_DECODER, **_SPARSE, **_TOKENS},
+            experts=True,
+        ),
+        Arch(  # experts as one batched parameter, scaled embeddings and residuals
+            "granitemoe",
+            "causal",
+            "GraniteMoeConfig",
+            "GraniteMoeForCausalLM",
+            {**_DECODER, "num_local_experts": 4, "num_experts_per_tok": 2, **_TOKENS},
             experts=True,
         ),
         Arch(  # the shared expert on a torch.Stream in model code, as serving stacks write it

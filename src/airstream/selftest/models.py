@@ -9,11 +9,17 @@ Every case counts the Dynamo graphs compiled by its first call (1 + graph breaks
 calls (recompiles), next to ``aot_eager``'s counts for the same calls, so a pass that pins a
 shape shows as extra recompiles.
 
-Configurations: ``default``; ``auto_streams``; ``forced`` (every third op on a side stream: the
-planner's syncs on real graphs); ``shared_expert`` and ``moe_experts`` where the model has those
-modules; ``max-autotune``; ``training`` (forward and backward, gradients compared);
-``two_lengths`` (a second sequence length: dynamic shapes); ``generate`` (greedy decoding with
-the KV cache, ``model.forward`` compiled the way serving code does it: tokens compared).
+A configuration is a placement run one way. Placements: none; ``auto_streams`` (as it decides
+on this machine); ``auto_forced`` (``auto_streams(max_streams=3, min_gain=0)`` on nominal costs:
+every role and list schedule it finds goes onto side streams, the same on every machine);
+``forced`` (every third op on a side stream: the planner's syncs on real graphs);
+``shared_expert`` and ``moe_experts`` where the model has those modules. Runs: inference at one
+length (the configuration is named by its placement, ``default`` for none); ``training``
+(forward and backward, gradients compared); ``two_lengths`` (a second sequence length: dynamic
+shapes); ``generate`` (greedy decoding with the KV cache, ``model.forward`` compiled the way
+serving code does it: tokens compared). A run with a placement is named ``run/placement``
+(``training/auto_forced``). Every case compiles in the mode given (``default``: what a user gets,
+Inductor segments on CPU).
 
 ``airstream selftest models`` runs them all and prints a table; the test suite runs a subset.
 """
@@ -31,22 +37,56 @@ import airstream
 from airstream import passes
 from airstream.selftest.architectures import ARCHS, VOCAB, Arch
 
-__all__ = ["ARCHS", "CONFIGS", "Arch", "CaseResult", "format_table", "run_case", "run_suite"]
+__all__ = [
+    "ARCHS",
+    "CONFIGS",
+    "MODES",
+    "PLACEMENTS",
+    "RUNS",
+    "Arch",
+    "CaseResult",
+    "config_name",
+    "format_table",
+    "parse_config",
+    "run_case",
+    "run_suite",
+]
 
 LENGTHS = (12, 20)
 RTOL, ATOL = 1e-4, 1e-5
 
+PLACEMENTS = ("none", "auto_streams", "auto_forced", "forced", "shared_expert", "moe_experts")
+RUNS = ("inference", "two_lengths", "training", "generate")
+
+
+def config_name(run: str, placement: str) -> str:
+    """The name of ``placement`` run as ``run`` (``default``, ``training/auto_forced``)."""
+    if run == "inference":
+        return "default" if placement == "none" else placement
+    return run if placement == "none" else f"{run}/{placement}"
+
+
+def parse_config(name: str) -> tuple[str, str]:
+    """(run, placement) of a configuration name."""
+    run, _, placement = name.rpartition("/")
+    if not run:
+        run, placement = ("inference", name) if name in PLACEMENTS else (name, "none")
+    if name == "default":
+        run, placement = "inference", "none"
+    if run not in RUNS or placement not in PLACEMENTS or config_name(run, placement) != name:
+        raise ValueError(f"unknown configuration {name!r}")
+    return run, placement
+
+
 CONFIGS = (
-    "default",
-    "auto_streams",
-    "forced",
-    "shared_expert",
-    "moe_experts",
-    "max-autotune",
-    "training",
-    "two_lengths",
-    "generate",
+    *(config_name("inference", p) for p in PLACEMENTS),
+    *(
+        config_name(run, p)
+        for run in RUNS[1:]
+        for p in ("none", "auto_streams", "auto_forced")
+    ),
 )
+MODES = ("default", "reduce-overhead", "max-autotune")
 
 
 @dataclasses.dataclass
@@ -56,12 +96,14 @@ class CaseResult:
     arch: str
     config: str
     status: str  # "pass", "aot_eager too", "FAIL", "n/a"
+    mode: str = ""  # the mode its graphs compiled in (the one asked for, or default's choice)
     max_diff: float = 0.0
     graphs: int = 0  # Dynamo graphs compiled by the first call (1 + graph breaks)
     recompiles: int = 0  # Dynamo graphs compiled by later calls
     reference_graphs: int = 0  # the same two counts under aot_eager
     reference_recompiles: int = 0
     side_streams: int = 0  # most side streams in one of its compiled graphs
+    fallbacks: int = 0  # max-autotune segments that ran as aten code (Inductor failed)
     seconds: float = 0.0
     detail: str = ""
 
@@ -73,13 +115,12 @@ class CaseResult:
 
 def applies(arch: Arch, config: str) -> bool:
     """Whether ``config`` means something for ``arch``."""
-    if config == "shared_expert":
-        return arch.shared_expert is not None
-    if config == "moe_experts":
-        return arch.experts
-    if config == "generate":
-        return arch.family in ("causal", "seq2seq")
-    return True
+    run, placement = parse_config(config)
+    if placement == "shared_expert" and arch.shared_expert is None:
+        return False
+    if placement == "moe_experts" and not arch.experts:
+        return False
+    return run != "generate" or arch.family in ("causal", "seq2seq")
 
 
 def _every_third_op_on_a_side_stream(gm: torch.fx.GraphModule, inputs: Any, config: Any) -> None:
@@ -87,21 +128,25 @@ def _every_third_op_on_a_side_stream(gm: torch.fx.GraphModule, inputs: Any, conf
     passes.place_on_stream(gm, calls[1::3], "side")
 
 
-def airstream_config(arch: Arch, config: str) -> airstream.CompilerConfig:
+def airstream_config(arch: Arch, config: str, mode: str = "default") -> airstream.CompilerConfig:
     """The CompilerConfig of a case."""
+    _, placement = parse_config(config)
     out = airstream.CompilerConfig()
-    if config == "auto_streams":
+    out.mode = mode
+    if placement == "auto_streams":
         out.post_grad_custom_pre_pass = passes.auto_streams()
-    elif config == "forced":
+    elif placement == "auto_forced":
+        out.post_grad_custom_pre_pass = passes.auto_streams(
+            max_streams=3, min_gain=0, costs="nominal"
+        )
+    elif placement == "forced":
         out.post_grad_custom_pre_pass = _every_third_op_on_a_side_stream
-    elif config == "shared_expert":
+    elif placement == "shared_expert":
         out.post_grad_custom_pre_pass = passes.shared_expert_overlap(
             shared=arch.shared_expert or "shared_expert"
         )
-    elif config == "moe_experts":
+    elif placement == "moe_experts":
         out.post_grad_custom_pre_pass = passes.moe_experts()
-    elif config == "max-autotune":
-        out.mode = "max-autotune"
     return out
 
 
@@ -154,17 +199,18 @@ class _Outcome:
     why: str = ""  # what differed, when it is not a number
 
 
-def _run(arch: Arch, config: str, backend: Callable[..., Any], streams: bool = True) -> _Outcome:
-    """Run one case with ``backend`` and compare with eager (``streams=False``: a model with
-    streams in its code runs without them, as torch's own backends must on CPU)."""
+def _run(arch: Arch, run: str, backend: Callable[..., Any], streams: bool = True) -> _Outcome:
+    """Run one case (``run``: one of RUNS) with ``backend`` and compare with eager
+    (``streams=False``: a model with streams in its code runs without them, as torch's own
+    backends must on CPU)."""
     model = arch.build(streams=streams)
     counting = _Counting(backend)
-    if config == "generate":
+    if run == "generate":
         return _run_generate(arch, model, counting)
-    if config == "training":
+    if run == "training":
         return _run_training(arch, model, counting)
     compiled = torch.compile(model, backend=counting)
-    lengths = LENGTHS if config == "two_lengths" else LENGTHS[:1]
+    lengths = LENGTHS if run == "two_lengths" else LENGTHS[:1]
     ok, worst, first = True, 0.0, 0
     with torch.no_grad():
         for i, length in enumerate(lengths):
@@ -212,33 +258,40 @@ def _run_generate(arch: Arch, model: Any, counting: _Counting) -> Any:
     return _Outcome(matched, float(differing), counting.count, 0)
 
 
-def run_case(arch: Arch, config: str) -> CaseResult:
-    """Run ``arch`` in ``config`` with airstream and, for the graph counts and when it does not
-    match, with aot_eager."""
+def run_case(arch: Arch, config: str, mode: str = "default") -> CaseResult:
+    """Run ``arch`` in ``config``, compiled in ``mode``, with airstream and, for the graph counts
+    and when it does not match, with aot_eager."""
     from airstream.torch_internals import aot_eager
 
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; modes: {', '.join(MODES)}")
     if not applies(arch, config):
         return CaseResult(arch.name, config, "n/a")
+    run, _ = parse_config(config)
     start = time.perf_counter()
     result = CaseResult(arch.name, config, "pass")
     torch.compiler.reset()
+    backend = None
     try:
-        backend = airstream.get_backend(compiler_config=airstream_config(arch, config))
-        outcome = _run(arch, config, backend)
+        backend = airstream.get_backend(compiler_config=airstream_config(arch, config, mode))
+        outcome = _run(arch, run, backend)
         ok, result.max_diff = outcome.ok, outcome.worst
         result.graphs, result.recompiles = outcome.first, outcome.later
-        result.side_streams = max((len(g.streams.side_streams) for g in backend.graphs), default=0)
         if not ok:
             result.detail = outcome.why or f"differs from eager by {outcome.worst:.3g}"
     except Exception as error:
         ok = False
         first_line = (str(error).splitlines() or [""])[0]
         result.detail = f"{type(error).__name__}: {first_line[:160]}"
+    if backend is not None:
+        result.side_streams = max((len(g.streams.side_streams) for g in backend.graphs), default=0)
+        result.mode = ",".join(sorted({g.mode for g in backend.graphs}))
+        result.fallbacks = sum(g.fallbacks for g in backend.graphs)
     torch.compiler.reset()
     try:
         reference = _run(
             arch,
-            config if config in ("training", "two_lengths", "generate") else "default",
+            run,
             aot_eager,
             streams=False,  # torch's own backends cannot order CPU streams
         )
@@ -257,29 +310,43 @@ def run_suite(
     archs: Sequence[str] | None = None,
     configs: Sequence[str] | None = None,
     progress: Callable[[CaseResult], None] | None = None,
+    mode: str = "default",
 ) -> list[CaseResult]:
-    """Every architecture in every configuration (or the named ones)."""
-    unknown = sorted(set(archs or ()) - set(ARCHS)) + sorted(set(configs or ()) - set(CONFIGS))
+    """Every architecture in every configuration (or the named ones), compiled in ``mode``."""
+    unknown = sorted(set(archs or ()) - set(ARCHS)) + sorted(
+        c for c in set(configs or ()) if not _known(c)
+    )
     if unknown:
         raise ValueError(
             f"unknown architecture or configuration {unknown}; architectures: "
-            f"{', '.join(ARCHS)}; configurations: {', '.join(CONFIGS)}"
+            f"{', '.join(ARCHS)}; configurations: {', '.join(CONFIGS)} (any run/placement of "
+            f"runs {', '.join(RUNS[1:])} and placements {', '.join(PLACEMENTS[1:])})"
         )
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; modes: {', '.join(MODES)}")
     results = []
     for name in archs or ARCHS:
         for config in configs or CONFIGS:
-            result = run_case(ARCHS[name], config)
+            result = run_case(ARCHS[name], config, mode)
             results.append(result)
             if progress is not None:
                 progress(result)
     return results
 
 
+def _known(config: str) -> bool:
+    try:
+        parse_config(config)
+    except ValueError:
+        return False
+    return True
+
+
 def format_table(results: Sequence[CaseResult]) -> str:
     """The results as a table, with a summary line."""
     header = (
-        f"{'model':<12} {'config':<14} {'result':<14} {'max diff':>9} {'sides':>5} "
-        f"{'graphs':>7} {'recomp':>7}  detail"
+        f"{'model':<13} {'config':<24} {'mode':<15} {'result':<14} {'max diff':>9} "
+        f"{'sides':>5} {'aten':>4} {'graphs':>7} {'recomp':>7} {'secs':>5}  detail"
     )
     lines = [header, "-" * len(header)]
     for r in results:
@@ -287,20 +354,24 @@ def format_table(results: Sequence[CaseResult]) -> str:
             continue
         graphs = f"{r.graphs}/{r.reference_graphs}"
         recompiles = f"{r.recompiles}/{r.reference_recompiles}"
-        diff = f"{r.max_diff:.2g}" if r.config != "generate" else f"{int(r.max_diff)} tok"
+        generate = parse_config(r.config)[0] == "generate"
+        diff = f"{int(r.max_diff)} tok" if generate else f"{r.max_diff:.2g}"
         lines.append(
-            f"{r.arch:<12} {r.config:<14} {r.status:<14} {diff:>9} {r.side_streams:>5} "
-            f"{graphs:>7} {recompiles:>7}  {r.detail}"
+            f"{r.arch:<13} {r.config:<24} {r.mode:<15} {r.status:<14} {diff:>9} "
+            f"{r.side_streams:>5} {r.fallbacks:>4} {graphs:>7} {recompiles:>7} {r.seconds:>5.1f}"
+            f"  {r.detail}"
         )
     ran = [r for r in results if r.status != "n/a"]
     passed = sum(r.status == "pass" for r in ran)
     shared = sum(r.status == "aot_eager too" for r in ran)
     failed = sum(r.status == "FAIL" for r in ran)
     extra = sum(r.extra_recompiles for r in ran)
+    fallbacks = sum(r.fallbacks for r in ran)
     seconds = sum(r.seconds for r in ran)
     lines.append(
         f"{len(ran)} cases: {passed} match eager, {shared} fail under aot_eager too, "
         f"{failed} fail in airstream only; {extra} recompiles beyond aot_eager's "
-        f"(graphs and recompiles: airstream/aot_eager); {seconds:.0f} s"
+        f"(graphs and recompiles: airstream/aot_eager); {fallbacks} segments ran as aten code "
+        f"(aten: Inductor could not compile them); {seconds:.0f} s"
     )
     return "\n".join(lines)
