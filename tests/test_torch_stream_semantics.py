@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from tests.conftest import assert_same, compile_model, graph_of
+from tests.conftest import assert_same, compile_model, graph_of, ops_by_stream, slow
 
 import airstream
 from airstream.ops.native import CpuEvent, CpuStream
@@ -208,6 +208,11 @@ PROGRAMS: dict[str, tuple[Callable[..., Any], dict[Any, list[str | None]]]] = {
 }
 
 
+# the default set's programs in the default mode (the rest are slow): two streams joined, three
+# in a pipeline, a wait_stream between blocks
+_DEFAULT_MODE_SET = {"diamond", "three_stream_pipeline", "wait_stream_between_blocks"}
+
+
 def _streams_of(graph: Any, op: Any) -> list[str | None]:
     return [graph.streams.stream(n) for n in graph.graph_module.graph.nodes if n.target is op]
 
@@ -226,6 +231,42 @@ def test_a_stream_program_gives_eagers_result_on_the_streams_it_names(name: str)
     for op, streams in expected.items():
         want_streams = [labels[s] for s in streams]
         assert _streams_of(graph, op) == want_streams, (op, dict(graph.streams.stream_of))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        name
+        if name in _DEFAULT_MODE_SET
+        else pytest.param(
+            name,
+            marks=slow(
+                "Inductor segments per program",
+                "tests/test_torch_stream_semantics.py::"
+                "test_a_stream_program_gives_eagers_result_in_the_default_mode",
+            ),
+        )
+        for name in sorted(PROGRAMS)
+    ],
+)
+def test_a_stream_program_gives_eagers_result_in_the_default_mode(
+    name: str, default_mode: None
+) -> None:
+    """The same programs as users compile them: Inductor segments on each stream, each op on
+    the stream its block names."""
+    program, expected = PROGRAMS[name]
+    o = _objects("cpu")
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    want = program(x.clone(), w.clone(), o)
+    compiled, backend = compile_model(program, fullgraph=True)
+    with torch.no_grad():
+        assert_same(compiled(x.clone(), w.clone(), o), want, rtol=1e-5, atol=1e-5)
+    graph = graph_of(backend, "inference")
+    assert graph.mode == "max-autotune" and graph.fallbacks == 0
+    counts = ops_by_stream(graph)
+    for op, streams in expected.items():
+        for stream in set(streams):
+            assert counts.get((op, stream), 0) == streams.count(stream), (op, stream, counts)
 
 
 def test_streams_passed_in_are_named_by_their_parameter_and_the_innermost_block_wins() -> None:

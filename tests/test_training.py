@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 import torch
-from tests.conftest import assert_same, compile_model, count, graph_of
+from tests.conftest import assert_same, compile_model, count, graph_of, ops_by_stream
 
 import airstream
 
@@ -64,6 +64,28 @@ def test_gradients_equal_eager_and_markers_stay_in_forward() -> None:
         for n in bwd.graph_module.graph.nodes
         if n.name in side_bwd
     )
+
+
+def test_gradients_equal_eager_in_the_default_mode(default_mode: None) -> None:
+    """Forward and backward as users compile them: each graph's streams in Inductor segments."""
+    torch.manual_seed(0)
+    model = _TwoBranch()
+    reference = copy.deepcopy(model)
+    compiled, backend = compile_model(model, fullgraph=True)
+    x = torch.randn(4, 8, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    compiled(x).sum().backward()
+    reference(x_ref).sum().backward()
+    assert_same(x.grad, x_ref.grad, rtol=1e-5, atol=1e-6)
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        assert_same(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+    for kind in ("forward", "backward"):
+        graph = graph_of(backend, kind)
+        assert graph.mode == "max-autotune" and graph.fallbacks == 0, kind
+        assert "side" in graph.streams.side_streams, kind
+        assert any(s.node is not None for s in graph.segments), kind
+    counts = ops_by_stream(graph_of(backend, "backward"))
+    assert counts.get((aten.threshold_backward.default, "side"), 0) == 1  # relu's gradient
 
 
 def test_several_optimizer_steps_match_eager() -> None:
