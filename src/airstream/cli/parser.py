@@ -106,7 +106,11 @@ def _add_selftest(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "          must raise StreamError\n"
         "  opinfo  every op of torch's OpInfo database through airstream's configurations\n"
         "  models  transformers architectures (random weights) through every configuration,\n"
-        "          compared with eager (needs `pip install transformers`)",
+        "          compared with eager, aot_eager the referee (needs `pip install\n"
+        "          transformers`); a configuration is a run (inference, training, two_lengths,\n"
+        "          generate) with a placement (none, auto_streams, auto_forced: streams forced,\n"
+        "          forced, shared_expert, moe_experts), named training/auto_forced; every case\n"
+        "          compiles in --mode (default: mode='default', what users get)",
         [
             "airstream selftest fuzz --cases 10000 --seed 2026",
             "airstream selftest fuzz --mode max-autotune --cases 100",

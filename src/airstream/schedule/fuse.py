@@ -161,16 +161,18 @@ def _symbol_inputs(
 
 
 def views_after(gm: torch.fx.GraphModule, segment: Segment) -> int:
-    """Make the views a segment's readers take of its values after it, as aten views of what it
-    returns, instead of returning them from the compiled code; return how many were made.
+    """Make the views with gaps or broadcasts that a segment's readers take of its values after
+    it, as aten views of what it returns, instead of returning them from the compiled code;
+    return how many were made.
 
-    A view is metadata on the memory of its base. Returned from compiled code it is whatever
-    Inductor makes of it: a copy where it cannot express the layout (a broadcast, a slice with
-    gaps), and a copy no longer shares its base's memory. Made after the segment from the base
-    the segment returns (a fresh value, or the segment's input), it has exactly the strides and
-    the aliasing eager gives it. Each outside reader of a view member reads a copy of the view
-    chain from its base, placed after the segment's last member on the segment's stream; the
-    members stay for the segment's own readers."""
+    Returned from compiled code such a view is whatever Inductor makes of it, a compact copy
+    where the value it views is not returned too (rotary embedding's halves), so its readers,
+    compiled for the gaps, would read another layout. Made after the segment from the base the
+    segment returns (a fresh value, or the segment's input), it has exactly the strides eager
+    gives it. A dense view stays in the segment: Inductor returns any dense layout asked for
+    (the check after the compile says so), and one aten call per view per call is saved. Each
+    outside reader of such a member reads a copy of the view chain from its base, placed after
+    the segment's last member on its stream; the members stay for the segment's own readers."""
     members = segment.members
     inside = set(members)
     made = 0
@@ -178,6 +180,9 @@ def views_after(gm: torch.fx.GraphModule, segment: Segment) -> int:
     for node in members:
         outside = [user for user in node.users if user not in inside]
         if not outside or not effects(node).view:
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or dense_order(val.shape, val.stride()) is not None:
             continue
         chain = [node]  # from the view read outside back to its first non-view ancestor
         while True:
