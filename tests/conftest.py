@@ -12,6 +12,7 @@ from hypothesis import settings
 
 import airstream
 from airstream.backend import AirstreamBackend, CompiledGraph
+from airstream.nodes import MADE_AFTER_KEY
 
 # auto_streams decides with fixed nominal figures in tests, so its decisions do not depend on the
 # machine's load; tests/test_calibration.py measures the real ones.
@@ -132,6 +133,8 @@ def ops_by_stream(graph: CompiledGraph) -> dict[tuple[Any, str | None], int]:
         if node.op != "call_function":
             continue
         segment = fused.get(node.name)
+        if MADE_AFTER_KEY in node.meta:  # a view a segment's member makes: counted there
+            continue
         if segment is None:
             key = (node.target, graph.streams.stream(node))
             counts[key] = counts.get(key, 0) + 1

@@ -6,6 +6,8 @@ compiled the way users compile it."""
 
 from __future__ import annotations
 
+import operator
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,8 +17,10 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import airstream
 from airstream import passes
 from airstream.layouts import dense_order, same_layout
+from airstream.nodes import MADE_AFTER_KEY
 from airstream.ops.library import STREAM_LABEL_KEY
 from airstream.runtime.serial import SerialExecutor
+from airstream.schedule import fuse as fuse_module
 from airstream.schedule.fuse import fuse_streams
 from airstream.schedule.plan import build_plan
 from airstream.selftest.fuzz import Program, Step, check_program_max_autotune
@@ -219,3 +223,53 @@ def test_a_view_read_after_its_segment_is_made_after_it(kind: str) -> None:
     slices = [n for n in gm.graph.nodes if n.target is torch.ops.aten.slice.Tensor]
     assert len(slices) == 1, "the slice the side stream reads is an aten view after the segment"
     assert_same(SerialExecutor(gm, build_plan(gm, assign_streams(gm)))(list(args)), _halves(*args))
+
+
+def _split_heads(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPT-2's attention input: one projection split into q and k (elements with gaps)."""
+    q, k = (x * 2).split(8, dim=-1)
+    torch.ops.air.scope_enter([STREAM_LABEL_KEY], ["side"])
+    kt = k.transpose(0, 1) * 3  # an element of split, read on another stream
+    torch.ops.air.scope_exit()
+    return q.sin(), kt
+
+
+def test_an_element_of_a_split_read_after_its_segment_is_made_after_it() -> None:
+    x = torch.randn(4, 16)
+    gm = make_fx(_split_heads, tracing_mode="fake")(x)
+    segments = fuse_streams(
+        gm, build_plan(gm, assign_streams(gm)), graph_kind="inference", min_ops=1, strict=True
+    )
+    assert all(s.node is not None for s in segments)
+    made = [n.target for n in gm.graph.nodes if MADE_AFTER_KEY in n.meta]
+    assert made.count(torch.ops.aten.split.Tensor) == 1  # once for both elements read after
+    assert made.count(operator.getitem) >= 1
+    got = SerialExecutor(gm, build_plan(gm, assign_streams(gm)))([x])
+    assert_same(got, _split_heads(x), rtol=1e-6, atol=1e-6)
+
+
+def _gapped(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    y = torch.cat([x, -x], 1)[:, ::2]  # a view with gaps, returned
+    with airstream.stream("side"):
+        z = y.sum() * 2
+    return y, z
+
+
+def test_views_made_after_segments_that_all_fall_back_are_planned(
+    default_mode: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """views_after edits the graph before Inductor is tried: the graph is planned again even
+    when no segment compiled."""
+
+    def failing(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("no Inductor for this test")
+
+    monkeypatch.setattr(fuse_module, "_compile", failing)
+    compiled, backend = compile_model(_gapped)
+    x = torch.randn(4, 4)
+    with pytest.warns(RuntimeWarning, match="runs as aten code"):
+        got = compiled(x)
+    assert_same(got, _gapped(x))
+    graph = graph_of(backend, "inference")
+    assert graph.fallbacks == len(graph.segments) > 0
+    assert any(MADE_AFTER_KEY in n.meta for n in graph.graph_module.graph.nodes)

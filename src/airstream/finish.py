@@ -67,7 +67,7 @@ def finish_graph(
             threads_per_stream=config.stream_config.threads_per_stream,
             strict=config.debug.strict_max_autotune,
         )
-        if any(s.node is not None for s in segments):  # plan the graph that will run
+        if segments:  # plan the graph that will run (views_after edits it even if none fused)
             streams = settled(gm, single, kind)
             plan = build_plan(gm, streams)
     _record_scopes(gm, streams)

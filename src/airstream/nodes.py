@@ -17,6 +17,7 @@ from airstream.torch_internals import OpOverload, OpOverloadPacket, op_name, sta
 __all__ = [
     "GRAPH_KINDS",
     "GRAPH_KIND_KEY",
+    "MADE_AFTER_KEY",
     "SEGMENT_KEY",
     "graph_kind",
     "segment_of",
@@ -28,6 +29,8 @@ __all__ = [
 
 
 SEGMENT_KEY = "air_segment"  # node.meta key of a fused max-autotune node: its CompiledSegment
+# node.meta key of a view made after a max-autotune segment from what it returns (its name)
+MADE_AFTER_KEY = "air_made_after"
 GRAPH_KIND_KEY = "air_graph_kind"  # gm.meta key: which graph of a compile this is
 GRAPH_KINDS = ("inference", "forward", "backward")
 

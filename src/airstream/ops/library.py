@@ -23,8 +23,10 @@ operator"), and AOTAutograd's functionalization rejects custom ops with alias-an
 ``torch.compile`` could not trace it. So the user-visible schema stays the one docs/design.md
 fixes, and the eager kernel returns a fresh tensor (fake kernel alike: same shape, strides, dtype
 and device as ``self.clone()``). The copy costs eager mode only: compiled graphs never run this
-kernel, airstream's executors (``airstream.runtime``) run ``wait_tensor(x, dep)`` as ``x``, and
-``airstream.effects`` accounts for that by treating the result as an alias of ``x``.
+kernel, airstream's executors (``airstream.runtime``) run ``wait_tensor(x, dep)`` as ``x`` (as a
+copy only where ``x`` is broadcast or strided, so that its value has the fresh layout its fake
+kernel gives it), and ``airstream.effects`` accounts for that by treating the result as an alias
+of ``x``.
 """
 
 from __future__ import annotations

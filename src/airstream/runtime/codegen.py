@@ -70,18 +70,30 @@ class Executor(Protocol):
     def __call__(self, args: list[Any]) -> Any: ...
 
 
+_COPY = torch.ops.aten.clone.default
+
+
 def emit_op(
     graph: torch.fx.Graph,
     node: torch.fx.Node,
     arg: Callable[[torch.fx.Node], torch.fx.Node],
     trace: torch.fx.Node | None,
+    target: Any = None,
+    args: tuple[torch.fx.Node, ...] = (),
 ) -> torch.fx.Node:
     """Copy ``node`` into ``graph`` (inputs mapped by ``arg``), bracketed by tracing calls when
-    ``trace`` (the StreamTrace of the node's stream) is given."""
+    ``trace`` (the StreamTrace of the node's stream) is given; with ``target``, a call of it on
+    ``args`` stands for ``node``."""
+
+    def make() -> torch.fx.Node:
+        if target is None:
+            return graph.node_copy(node, arg)
+        return graph.call_function(target, tuple(arg(a) for a in args))
+
     if trace is None:
-        return graph.node_copy(node, arg)
+        return make()
     token = graph.call_function(op_begin, (trace, node.name))
-    new = graph.node_copy(node, arg)
+    new = make()
     segment = segment_of(node)
     if segment is None:
         graph.call_function(op_end, (trace, node.name, token))
@@ -277,14 +289,9 @@ def generate(
     for on, step in steps:
         if isinstance(step, Run):
             node = step.node
-            if node.target is wait_tensor:
+            if node.target is wait_tensor and _passes_through(node):
                 (waited,) = data_inputs(node)
                 env[node] = value(waited, on)  # identity: only the ordering mattered
-                if not _passes_through(node):  # a copy in the layout its readers expect
-                    if current[0] != on:
-                        hooks.switch(b, on)
-                        current[0] = on
-                    env[node] = graph.call_function(torch.ops.aten.clone.default, (env[node],))
             elif node.target is record and not _reads_token(node):
                 continue  # an event position: nothing to compute
             elif node.target in NATIVE_OPS and (
@@ -300,7 +307,11 @@ def generate(
                 def read(n: torch.fx.Node, on: Label = on) -> torch.fx.Node:
                     return value(n, on)
 
-                new = emit_op(graph, node, read, trace_for(on))
+                if node.target is wait_tensor:  # a copy in the layout its readers expect
+                    (waited,) = data_inputs(node)
+                    new = emit_op(graph, node, read, trace_for(on), _COPY, (waited,))
+                else:
+                    new = emit_op(graph, node, read, trace_for(on))
                 sources[new] = node
                 env[node] = new
             hooks.produced(b, node, on, env[node])

@@ -4,7 +4,8 @@
 semantics (data edges, record/wait, wait_tensor, mutation order, RNG order), so running it
 serially is correct by construction; it backs ``debug.run_eagerly`` and is the oracle the
 parallel runtimes are tested against. Records and waits generate nothing, ``wait_tensor(a, b)``
-is ``a``, so per-op cost is exactly that of an ``fx.GraphModule``.
+is ``a`` (a copy where ``a`` is broadcast or strided, as in eager), so per-op cost is exactly that
+of an ``fx.GraphModule``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,13 @@
 """max-autotune: each segment (``schedule/segments.py``) compiled by Inductor, fused into one node.
 
-For every segment: its nodes are cut out into a marker-free GraphModule (inputs: the values it
-reads from outside, in order of first use; outputs: a tuple of the values read after it),
-decomposed with Inductor's own decomposition table, and compiled with ``compile_fx_inner`` in a
-tracing context of the graph's fake mode (C++ kernels on CPU, Triton on CUDA). Inductor's FX graph
+For every segment: the views with gaps or broadcasts that are read after it are made after it
+(``views_after``), then its nodes are cut out into a marker-free GraphModule (inputs: the values
+it reads from outside, in order of first use, and any size symbol its code uses that they do not
+give Inductor; outputs: a tuple of the values read after it), decomposed with Inductor's own
+decomposition table, given back each output's recorded layout where a decomposition changed it
+(``_restore_layouts``), and compiled with ``compile_fx_inner`` in a tracing context of the
+graph's fake mode (C++ kernels on CPU, Triton on CUDA); the strides Inductor reports for its
+outputs are then checked against the recorded ones, which the readers were compiled for. Inductor's FX graph
 cache makes a later process reuse the artifacts; within a graph, segments with the same code on
 the same input shapes share one compile (the experts of an MoE layer compile once).
 
@@ -27,6 +31,7 @@ runtime can give it every thread whenever the other streams are waiting.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import operator
 import re
@@ -45,7 +50,7 @@ from airstream.errors import PassError, TorchSupportError
 from airstream.fused import CompiledSegment, Segment
 from airstream.fusion import is_matmul
 from airstream.layouts import dense_order, hints, same_layout
-from airstream.nodes import SEGMENT_KEY
+from airstream.nodes import MADE_AFTER_KEY, SEGMENT_KEY
 from airstream.schedule.overlap import overlapping_runs
 from airstream.schedule.plan import StreamPlan
 from airstream.schedule.segments import find_segments
@@ -148,9 +153,12 @@ def _symbol_inputs(
     missing = torch_internals.unbound_symbols([n.meta.get("val") for n in inputs], values)
     if not missing:
         return []
+    # graph inputs first: ready on every stream at the call's start, where another stream's
+    # node would cost a sync
+    before = list(itertools.takewhile(lambda n: n is not members[0], gm.graph.nodes))
     found: list[torch.fx.Node] = []
-    for node in gm.graph.nodes:
-        if node is members[0] or not missing:
+    for node in sorted(before, key=lambda n: n.op != "placeholder"):
+        if not missing:
             break
         val = node.meta.get("val")
         given = {s for s in missing if torch_internals.binds_symbol(val, s)}
@@ -175,11 +183,11 @@ def views_after(gm: torch.fx.GraphModule, segment: Segment) -> int:
     the segment's last member on its stream; the members stay for the segment's own readers."""
     members = segment.members
     inside = set(members)
-    made = 0
     anchor = members[-1]
+    copied: dict[torch.fx.Node, torch.fx.Node] = {}
     for node in members:
         outside = [user for user in node.users if user not in inside]
-        if not outside or not effects(node).view:
+        if not outside or not _is_view(node):
             continue
         val = node.meta.get("val")
         if not isinstance(val, torch.Tensor) or dense_order(val.shape, val.stride()) is not None:
@@ -187,18 +195,27 @@ def views_after(gm: torch.fx.GraphModule, segment: Segment) -> int:
         chain = [node]  # from the view read outside back to its first non-view ancestor
         while True:
             (base,) = effects(chain[-1]).aliases or (None,)
-            if base is None or base not in inside or not effects(base).view:
+            if base is None or base not in inside or not _is_view(base):
                 break
             chain.append(base)
-        copied: dict[torch.fx.Node, torch.fx.Node] = {}
         for view in reversed(chain):
+            if view in copied:  # a view two chains share (split's, for each element read)
+                continue
             with gm.graph.inserting_after(anchor):
                 copy = gm.graph.node_copy(view, functools.partial(_renamed, copied))
+            copy.meta[MADE_AFTER_KEY] = segment.name
             copied[view] = anchor = copy
         for user in outside:
             user.replace_input_with(node, copied[node])
-        made += len(chain)
-    return made
+    return len(copied)
+
+
+def _is_view(node: torch.fx.Node) -> bool:
+    """A view, or an element of the views a view op returns (``split``'s, ``unbind``'s)."""
+    if node.target is operator.getitem:
+        producer = node.args[0]
+        return isinstance(producer, torch.fx.Node) and effects(producer).view
+    return effects(node).view
 
 
 def _renamed(copies: dict[torch.fx.Node, torch.fx.Node], node: torch.fx.Node) -> torch.fx.Node:
@@ -294,6 +311,7 @@ def _check_layouts(
     wanted: Sequence[Any],
     returned: Sequence[tuple[int, ...] | None] | None,
     outputs: Sequence[SegmentOutput],
+    members: Sequence[torch.fx.Node],
 ) -> None:
     """Refuse a compiled segment that would hand a value on in strides other than the ones its
     readers (the next segment, an aten op, the caller) were compiled for: it runs as aten code
@@ -306,7 +324,8 @@ def _check_layouts(
         if want is None or got is None or not isinstance(val, torch.Tensor):
             continue
         if not same_layout(val.shape, got, want):
-            readers = ", ".join(sorted(u.name for u in out.node.users)) or "the graph's output"
+            outside = [u for u in out.node.users if u not in members]
+            readers = ", ".join(sorted(u.name for u in outside))
             name = out.node.name if out.index is None else f"{out.node.name}[{out.index}]"
             raise LayoutMismatch(
                 f"Inductor returns {name} (shape {hints(val.shape)}) in strides "
@@ -321,6 +340,7 @@ def _compile(
     graph_kind: str,
     threads: int,
     outputs: Sequence[SegmentOutput],
+    members: Sequence[torch.fx.Node] = (),
 ) -> tuple[Callable[[list[Any]], Any], tuple[str, ...], str]:
     """Inductor-compile one segment: (callable on a list of inputs, kernel names, cache). Its
     outputs come back in the strides recorded for them (what their readers were compiled for),
@@ -335,7 +355,7 @@ def _compile(
         decomposed, fakes, fake_mode=fake_mode, graph_kind=graph_kind, threads=threads
     )
     after = torch_internals.fxgraph_cache_hits()
-    _check_layouts(sub, wanted, compiled.output_strides, outputs)
+    _check_layouts(sub, wanted, compiled.output_strides, outputs, members)
     cache = "unknown" if hits is None or after is None else "hit" if after > hits else "miss"
     return compiled.call, kernel_names(compiled.source), cache
 
@@ -453,7 +473,7 @@ def compile_segments(
                 if fake_mode is None:
                     raise RuntimeError("no fake tensor metadata on the segment's inputs")
                 compiled, kernels, cache = _compile(
-                    sub, fakes, fake_mode, graph_kind, count, outputs
+                    sub, fakes, fake_mode, graph_kind, count, outputs, segment.members
                 )
                 shared[key] = (compiled, kernels)
         except TorchSupportError:

@@ -88,8 +88,8 @@ from airstream.torch_internals.functionalize import (
 )
 from airstream.torch_internals.inductor import (
     InductorCompiled,
-    binds_symbol,
     apply_patterns,
+    binds_symbol,
     custom_graph_module_pass,
     custom_graph_pass,
     fxgraph_cache_hits,
