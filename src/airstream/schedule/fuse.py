@@ -7,9 +7,10 @@ give Inductor; outputs: a tuple of the values read after it), decomposed with In
 decomposition table, given back each output's recorded layout where a decomposition changed it
 (``_restore_layouts``), and compiled with ``compile_fx_inner`` in a tracing context of the
 graph's fake mode (C++ kernels on CPU, Triton on CUDA); the strides Inductor reports for its
-outputs are then checked against the recorded ones, which the readers were compiled for. Inductor's FX graph
-cache makes a later process reuse the artifacts; within a graph, segments with the same code on
-the same input shapes share one compile (the experts of an MoE layer compile once).
+outputs are then checked against the recorded ones, which the readers were compiled for.
+Inductor's FX graph cache makes a later process reuse the artifacts; within a graph, segments
+with the same code on the same input shapes share one compile (the experts of an MoE layer
+compile once).
 
 The graph is then rewritten: a call of the compiled segment replaces the segment's nodes at the
 place of its first node, and ``getitem`` nodes unpack its outputs. The fused node carries
