@@ -29,6 +29,9 @@ CASES = [
     ),
     ("qwen2_moe", "shared_expert"),  # the shared expert beside routing
     ("qwen2_moe_alt", "default"),  # the same on a torch.Stream in model code, no pass
+    pytest.param(  # a pass's placement beside the model's own stream ops, which it leaves
+        "qwen2_moe_alt", "forced", marks=slow("another MoE compile", _FAST)
+    ),
     pytest.param(  # its backward: gradients of both streams' ops
         "qwen2_moe_alt", "training", marks=slow("a MoE model's forward and backward", _FAST)
     ),
