@@ -17,6 +17,10 @@ it), releasing costs more than it saves and is skipped. A spin throttled process
 iterations, what libgomp does when it manages more threads than CPUs) would cost eager code
 1.4-2.3x on small parallel ops, so airstream never forces one. All knowledge of OpenMP runtimes
 lives here.
+
+In a forked child nothing is released: GNU OpenMP's pool there still lists the parent's team
+threads, and releasing them waits for threads that do not exist (as would any parallel region on
+more than one thread: torch's own ops hang there too, which is why DataLoader's workers run one).
 """
 
 from __future__ import annotations
@@ -93,8 +97,23 @@ def _loaded_library() -> str | None:
     return found[0] if found else None
 
 
+_forked = False  # this process is a forked child (set by the at-fork handler below)
+
+
+def _after_fork_in_child() -> None:
+    global _forked
+    _forked = True
+    _pause.cache_clear()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 @functools.cache
 def _pause() -> Any:
+    if _forked:
+        return None
     path = _loaded_library()
     if path is None:
         return None

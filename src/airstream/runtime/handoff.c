@@ -160,6 +160,9 @@ static PyTypeObject FlagType = {
 typedef void (*gomp_parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
 typedef int (*omp_int_fn)(void);
 static gomp_parallel_fn gomp_parallel;
+/* Set in a forked child: GNU OpenMP's thread pool there still lists the parent's team threads,
+   which do not exist in the child, and a region waiting for them never ends. */
+static int team_forked;
 static omp_int_fn omp_thread_num, omp_num_threads, omp_in_parallel;
 
 /* A team thread's Python thread state, made on its first job and kept while the thread lives:
@@ -236,6 +239,7 @@ static PyObject *run_team(PyObject *module, PyObject *fns) {
         PyErr_SetString(PyExc_TypeError, "run_team(fns): fns must be a tuple of 2+ callables");
         return NULL;
     }
+    if (team_forked) Py_RETURN_NONE;
     if (omp_in_parallel()) Py_RETURN_NONE; /* a nested region would run on one thread */
     TeamCall call = {.fns = fns, .n = PyTuple_GET_SIZE(fns)};
     atomic_store(&call.short_team, 0);
@@ -257,7 +261,14 @@ static PyObject *run_team(PyObject *module, PyObject *fns) {
     return out;
 }
 
+static PyObject *team_after_fork(PyObject *module, PyObject *unused) {
+    team_forked = 1;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
+    {"after_fork", team_after_fork, METH_NOARGS,
+     "after_fork(): in a forked child, run_team returns None from now on (nothing runs)."},
     {"bind", team_bind, METH_VARARGS,
      "bind(path): use the OpenMP library loaded from path for run_team; False if it is not "
      "loaded or lacks GNU OpenMP's entry points."},

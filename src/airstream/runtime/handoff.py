@@ -18,6 +18,10 @@ airstream's cache directory with the C compiler Python was built with. Where tha
 :func:`flag_type` returns ``None`` once with a warning and the runtime keeps its lock handoff.
 ``AIRSTREAM_HANDOFF=threads`` keeps side streams on worker threads with flags,
 ``AIRSTREAM_HANDOFF=locks`` on worker threads with locks.
+
+A forked child never runs a team: GNU OpenMP's pool there still lists the parent's threads, so a
+region would wait for threads that do not exist (torch's own parallel ops hang there the same
+way, which is why DataLoader's workers run one intra-op thread). Its calls take worker threads.
 """
 
 from __future__ import annotations
@@ -82,6 +86,22 @@ def _choice() -> str:
     return environment.AIRSTREAM_HANDOFF.read()
 
 
+_forked = False  # this process is a forked child (set by the at-fork handler below)
+
+
+def _after_fork_in_child() -> None:
+    global _forked
+    _forked = True
+    if _extension.cache_info().currsize:  # loaded: its run_team must stop forming teams
+        module = _extension()
+        if module is not None:
+            module.after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 @functools.cache
 def _extension() -> Any:
     """The extension module, built on first use; ``None`` where it cannot be built or
@@ -99,6 +119,8 @@ def _extension() -> Any:
         assert spec is not None
         module = importlib.util.module_from_spec(spec)
         loader.exec_module(module)
+        if _forked:
+            module.after_fork()
         return module
     except (OSError, ImportError, subprocess.SubprocessError) as error:
         warnings.warn(

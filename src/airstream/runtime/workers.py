@@ -10,11 +10,17 @@ Where the spinning handoff is available (``runtime/handoff.py``), a worker waits
 ``Flag`` (spinning a little, without the GIL, after each job), and a job may return a ``Flag``
 that the worker sets only once it has let go of the GIL: the caller waiting on it then takes the
 GIL at once. Otherwise it waits on a queue.
+
+A forked child has only the thread that forked: the workers' threads are gone, and a lock another
+thread held is held forever. An at-fork handler gives the child fresh locks and marks every
+worker unstarted, so each starts a new thread on its first job there (executors keep their
+workers: the same objects, new threads).
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -37,12 +43,19 @@ class StreamWorker:
 
     def __init__(self, label: str) -> None:
         self.label = label
+        self.thread: threading.Thread | None = None
+        self._start()
+
+    def _start(self) -> None:
+        """A new thread, with a new flag and queues (in a forked child, the old ones may be
+        mid-job or held by a thread that does not exist there)."""
         flag = flag_type()
         self._ready: Any = flag() if flag is not None else None
         self._box: collections.deque[Job] = collections.deque()
         self._jobs: queue.SimpleQueue[Job] = queue.SimpleQueue()
         loop = self._spin_loop if self._ready is not None else self._loop
-        self.thread = threading.Thread(target=loop, name=f"airstream-stream-{label}", daemon=True)
+        name = f"airstream-stream-{self.label}"
+        self.thread = threading.Thread(target=loop, name=name, daemon=True)
         self.thread.start()
 
     def _loop(self) -> None:
@@ -72,6 +85,8 @@ class StreamWorker:
 
     def submit(self, job: Job) -> None:
         """Queue ``job``; prefer :func:`submit_all` for the jobs of one call."""
+        if self.thread is None:  # forked: this process has no thread for it yet
+            self._start()
         if self._ready is None:
             self._jobs.put(job)
         else:
@@ -95,6 +110,19 @@ def submit_all(jobs: Sequence[tuple[StreamWorker, Job]]) -> None:
     with _submit_lock:
         for worker, job in jobs:
             worker.submit(job)
+
+
+def _after_fork_in_child() -> None:
+    """In a forked child: fresh locks, and every worker without a thread until its next job."""
+    global _registry_lock, _submit_lock
+    _registry_lock = threading.Lock()
+    _submit_lock = threading.Lock()
+    for worker in _registry.values():
+        worker.thread = None
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def worker_count() -> int:
