@@ -292,3 +292,21 @@ def test_a_missing_python_package_is_named_with_its_install_command(
     assert "pip install numpy" in message and "pip install 'torch" not in message
     with pytest.raises(TorchSupportError, match="pip install numpy"):
         torch_internals.require("selftest")
+
+
+def test_the_replay_check_has_a_python_form_for_builds_without_cuda() -> None:
+    """CPU builds lack torch._C._tensors_data_ptrs_at_indices_equal; the loop used there gives
+    the same answers as the check this build uses (the C one on CUDA builds)."""
+    from airstream.torch_internals import cuda
+
+    a, b = torch.zeros(2), torch.ones(2)
+    cases = [
+        ([a, b], [a.data_ptr(), b.data_ptr()], [0, 1], True),
+        ([a, b], [a.data_ptr(), a.data_ptr()], [0, 1], False),
+        ([a, b], [a.data_ptr(), a.data_ptr()], [0], True),  # only the indices listed
+        ([a, b], [None, b.data_ptr()], [1], True),
+        ([a], [b.data_ptr()], [0], False),
+    ]
+    for tensors, data_ptrs, indices, want in cases:
+        assert cuda._data_ptrs_equal_in_python(tensors, data_ptrs, indices) is want
+        assert cuda.data_ptrs_equal(tensors, data_ptrs, indices) is want

@@ -72,16 +72,25 @@ def cuda_sleep(cycles: int) -> None:
     _get("cuda_sleep")(cycles)
 
 
+def _data_ptrs_equal_in_python(
+    tensors: list[Any], data_ptrs: list[int | None], indices: list[int]
+) -> bool:
+    """The replay check where torch has no C version of it (builds without CUDA)."""
+    return all(tensors[i].data_ptr() == data_ptrs[i] for i in indices)
+
+
 @_feature(
     "replay_checks",
-    "torch._C._tensors_data_ptrs_at_indices_equal(tensors, data_ptrs, indices) and "
-    "torch._foreach_copy_(dsts, srcs)",
+    "torch._C._tensors_data_ptrs_at_indices_equal(tensors, data_ptrs, indices) (on builds with "
+    "CUDA; a loop in Python elsewhere) and torch._foreach_copy_(dsts, srcs)",
     "cuda-graphs",
     "a CUDA graph replay's static-input check in one C call and its input copies in one "
     "(as torch's cudagraph trees do)",
 )
 def _probe_replay_checks() -> tuple[Callable[..., bool], Callable[..., None]]:
-    same: Callable[..., bool] = _attr("torch._C:_tensors_data_ptrs_at_indices_equal")
+    same: Callable[..., bool] = _data_ptrs_equal_in_python
+    if torch.backends.cuda.is_built():
+        same = _attr("torch._C:_tensors_data_ptrs_at_indices_equal")
     copy: Callable[..., None] = _attr("torch:_foreach_copy_")
     a, b = torch.zeros(2), torch.ones(2)
     if not same([a, b], [a.data_ptr(), b.data_ptr()], [0, 1]) or same([a], [b.data_ptr()], [0]):
