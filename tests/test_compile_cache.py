@@ -125,8 +125,8 @@ def test_a_new_process_loads_the_entry_and_skips_the_passes(tmp_path: Path) -> N
     assert any(m == "model" for m, *_ in record["sources"])
 
 
-def test_a_changed_source_is_compiled_again_with_one_warning(tmp_path: Path) -> None:
-    _setup(tmp_path)
+def test_a_stale_then_a_corrupt_entry_is_compiled_again_with_one_warning(tmp_path: Path) -> None:
+    cache = _setup(tmp_path)
     _run(tmp_path)
     model = tmp_path / "model.py"
     model.write_text(model.read_text().replace("return x * 2", "return x * 3"))
@@ -134,14 +134,9 @@ def test_a_changed_source_is_compiled_again_with_one_warning(tmp_path: Path) -> 
     assert not stale["loaded"] and stale["pass_ran"] == 1
     assert len(stale["warnings"]) == 1
     assert "is stale: the source it traced at model:" in stale["warnings"][0]
-    assert _run(tmp_path)["loaded"]  # the entry written over it loads
-
-
-def test_a_corrupt_entry_is_compiled_again_with_one_warning(tmp_path: Path) -> None:
-    cache = _setup(tmp_path)
-    _run(tmp_path)
+    # the entry written over the stale one, made unreadable though its record matches it
     binary = _entry(cache)
-    binary.write_bytes(binary.read_bytes()[:1000])  # unreadable, though its record matches it
+    binary.write_bytes(binary.read_bytes()[:1000])
     record_file = binary.with_name("compiled.bin.json")
     record = json.loads(record_file.read_text())
     record["sha256"] = hashlib.sha256(binary.read_bytes()).hexdigest()
@@ -150,7 +145,7 @@ def test_a_corrupt_entry_is_compiled_again_with_one_warning(tmp_path: Path) -> N
     assert not broken["loaded"] and len(broken["warnings"]) == 1
     assert "could not be loaded" in broken["warnings"][0]
     assert "compiling Model.forward again and replacing it" in broken["warnings"][0]
-    assert _run(tmp_path)["loaded"]
+    assert _run(tmp_path)["loaded"]  # the entry written over it loads
 
 
 @slow(

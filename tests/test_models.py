@@ -70,13 +70,14 @@ def test_model_case_matches_eager(arch: str, config: str) -> None:
 # The default mode (Inductor segments on CPU), as users compile: a case per model family and
 # per cause the default mode's stream programs had (tests/test_segment_boundaries.py has each at
 # its smallest): a dense decoder with streams forced (GQA attention, the KV cache's cat: a
-# segment's output layout), an MoE decoder, an encoder, a seq2seq model at two lengths (a size
-# symbol no input gave), training (views returned by a segment).
+# segment's output layout), an MoE decoder, an encoder, a seq2seq model, training (views returned
+# by a segment). A second length (a size symbol no input gave) is in the matrix; at its smallest
+# in test_segment_boundaries.py.
 DEFAULT_CASES = [
     ("llama", "auto_forced"),
     ("qwen3_moe", "auto_forced"),
     ("bert", "auto_forced"),
-    ("t5", "two_lengths/auto_forced"),
+    ("t5", "auto_forced"),
     ("mistral", "training/auto_forced"),
 ]
 _IN_THE_DEFAULT_SET = {("default", case) for case in DEFAULT_CASES}
