@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from tests.conftest import assert_same, compile_model, graph_of
+from tests.conftest import assert_same, compile_model, graph_of, slow
 
 import airstream
 from airstream import passes, torch_internals
@@ -417,7 +417,20 @@ print("trained", layer.weight.grad is not None)
 """
 
 
-@pytest.mark.parametrize("backend", ["airstream.get_backend()", "'aot_eager'"])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "airstream.get_backend()",
+        pytest.param(
+            "'aot_eager'",
+            marks=slow(
+                "a fresh process; the same import-time fix",
+                "tests/test_native_streams.py::"
+                "test_a_later_model_trains_after_the_first_native_stream_frame_is_gone",
+            ),
+        ),
+    ],
+)
 def test_a_later_model_trains_after_the_first_native_stream_frame_is_gone(backend: str) -> None:
     """torch 2.15's AOTAutograd restores, in every backward, the registry objects of the first
     frame with streams compiled in the process (a stale name): with that frame's first stream
