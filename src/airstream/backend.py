@@ -11,6 +11,7 @@ training-backward graphs each go through the pipeline separately.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -58,6 +59,9 @@ def _keep_air_ops_in_forward(joint: torch.fx.GraphModule, joint_inputs: Any, **k
     # the same label, two records) and so move nodes off their stream; airstream's region-aware
     # CSE runs on the forward and backward graphs afterwards instead.
     return torch_internals.min_cut_partition(joint, joint_inputs, **kwargs)
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 class _Record(CompileObserver):
@@ -114,6 +118,11 @@ class AirstreamBackend:
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kwargs: Mapping[str, Any]
     ) -> Callable[..., Any]:
         torch_internals.require("core")
+        # airstream's own frames (the TorchAir layer's device mode, airstream.stream) are not
+        # the user's source line; its examples are user code
+        torch_internals.drop_frames_under(
+            gm, _PACKAGE_DIR, keep=os.path.join(_PACKAGE_DIR, "examples")
+        )
         config = self.config_for(kwargs)
         subscribers: list[CompileObserver] = [_Record(self.graphs, self._lock), *self._read_only]
         dumper = dumper_for(config)

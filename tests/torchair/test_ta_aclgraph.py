@@ -520,6 +520,34 @@ def test_graph_dump_with_py(tmp_path: Any) -> None:
     assert "code: return x + 1" in newest
 
 
+def test_graph_dump_with_py_names_the_scripts_line_under_the_device_mode(tmp_path: Any) -> None:
+    """The same, with the device mode `airstream run --torchair` installs: Dynamo traces through
+    its __torch_function__, whose frame must not be the line the dumps (and errors) name."""
+    from airstream.compat.torchair.install import install, uninstall
+    from airstream.nodes import describe
+
+    uninstall()
+    install(verbose=False)  # device_mode=True, as `airstream run --torchair` installs it
+
+    def add_one(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    compiled, backend = _compile(
+        add_one,
+        {**UPSTREAM_USUAL, "debug.graph_dump.type": "py", "debug.graph_dump.path": str(tmp_path)},
+    )
+    _same_as_eager(compiled, add_one, torch.randn(2, 2))
+    names = _dumps(str(tmp_path))
+    assert len(names) == 2, names
+    for name in names:
+        text = (tmp_path / name).read_text()
+        assert "code: return x + 1" in text, text
+        assert "install.py" not in text, text
+    (graph,) = backend.graphs
+    (add,) = [n for n in graph.graph_module.graph.nodes if n.target == torch.ops.aten.add.Tensor]
+    assert describe(add).endswith("`return x + 1`"), describe(add)
+
+
 @upstream("tests/st/torchair_aclgraph_st.py::test_aclgraph_unsupported_dump")
 def test_aclgraph_unsupported_dump(tmp_path: Any) -> None:
     # upstream: a pbtxt dump in aclgraph mode raises RuntimeError "Graph dump for aclGraph only

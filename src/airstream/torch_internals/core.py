@@ -5,6 +5,8 @@ min-cut partitioner, and Dynamo's eval-frame getter."""
 from __future__ import annotations
 
 import importlib
+import os
+import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -200,6 +202,30 @@ def module_stack(node: torch.fx.Node) -> Mapping[str, Any]:
 def stack_trace(node: torch.fx.Node) -> str | None:
     """The Python stack the node was traced from, if recorded."""
     return node.meta.get("stack_trace")
+
+
+def drop_frames_under(gm: torch.fx.GraphModule, directory: str, keep: str | None = None) -> None:
+    """Leave the frames of files under ``directory`` (except those under ``keep``) out of every
+    node's recorded stack, so that the innermost frame left, which dumps, errors and explain name
+    as the node's source line, is the user's (Dynamo traces through a library's
+    TorchFunctionMode and context managers, whose frames would otherwise be innermost). A stack
+    with nothing else left is kept."""
+    prefix = os.path.join(directory, "")
+    kept_prefix = os.path.join(keep, "") if keep is not None else None
+
+    def library(frame: str) -> bool:
+        if not frame.startswith(f'  File "{prefix}'):
+            return False
+        return kept_prefix is None or not frame.startswith(f'  File "{kept_prefix}')
+
+    for node in gm.graph.nodes:
+        trace = node.meta.get("stack_trace")
+        if not trace or prefix not in trace:
+            continue
+        frames = [f for f in re.split(r'(?m)^(?=  File ")', trace) if f]
+        kept = [f for f in frames if not library(f)]
+        if kept and len(kept) < len(frames):
+            node.meta["stack_trace"] = "".join(kept)
 
 
 def node_value(node: torch.fx.Node) -> Any:
