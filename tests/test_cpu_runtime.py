@@ -410,3 +410,23 @@ def test_a_calls_events_state_and_slots_are_made_once_and_reused(team: bool) -> 
     for thread in threads:
         thread.join()
     assert results == [True] * 200 and 1 <= len(executor._free) <= 4
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_a_record_after_another_stream_failed_the_call_is_no_second_failure(traced: bool) -> None:
+    """With the lock handoff, a call that fails sets (releases) every event; a stream still
+    running then records one of them: that is no error of its own."""
+    from airstream.runtime import events
+    from airstream.runtime.trace import CallTrace
+
+    kind = events.Events(None)  # locks
+    objects = events.CallObjects(kind, 2, 1, 0, 1)
+    state = objects.state
+    state.fail(ValueError("the side stream's op"), "node 'x' on stream s1")
+    if traced:
+        events.record_traced(objects.events, 0, CallTrace().stream("s1"))
+    else:
+        events.record(objects.events, 0)  # raised "release unlocked lock" before
+    with pytest.raises(events.Aborted):  # its next wait sees the failed call
+        events.wait(objects.events, 1, state)
+    assert isinstance(state.error, ValueError) and state.where == "node 'x' on stream s1"

@@ -151,7 +151,7 @@ class CallObjects:
 
 
 def record(events: list[Any], index: int) -> None:
-    events[index].release()
+    _release(events[index])  # set already where another stream failed the call
 
 
 def wait(events: list[Any], index: int, state: CallState) -> None:
@@ -164,7 +164,7 @@ def wait(events: list[Any], index: int, state: CallState) -> None:
 
 def record_traced(events: list[Any], index: int, trace: StreamTrace) -> None:
     start = now_ns()
-    events[index].release()
+    _release(events[index])
     trace.sync("record", index, start)
 
 
