@@ -202,7 +202,10 @@ static void team_body(void *data) {
     if (then == NULL) PyErr_WriteUnraisable(fn); /* jobs catch their own errors */
     Flag *flag = NULL;
     if (then != NULL && PyObject_TypeCheck(then, &FlagType) && Py_REFCNT(then) > 1) {
-        flag = (Flag *)then; /* its waiter holds it too: safe to set after letting go */
+        /* Set after letting go of the GIL. The flag outlives this reference: the caller's
+           run_team cannot return (and its call's objects, which hold the flag, cannot be
+           dropped) before GOMP_parallel's join, which waits for this function to end. */
+        flag = (Flag *)then;
         Py_DECREF(then);
     } else if (then != NULL && PyObject_TypeCheck(then, &FlagType)) {
         flag_set((Flag *)then);
