@@ -33,7 +33,7 @@ from tests import probe_ops
 import airstream
 from airstream.runtime.cpu import CpuExecutor
 
-WATCHDOG_S = 60  # per process started: far above a call's milliseconds
+WATCHDOG_S = 90  # per process started: far above a call's milliseconds (none compiles)
 CASE_WATCHDOG_S = 240  # the case's own process, which compiles (cold: a minute on a busy VM)
 probe = torch.ops.airstream_test.probe
 
@@ -63,11 +63,15 @@ def compiled(team: bool) -> tuple[Any, airstream.AirstreamBackend]:
 
 
 def side_threads(backend: airstream.AirstreamBackend) -> str:
-    (graph,) = backend.graphs
-    executor = graph.executor
-    assert isinstance(executor, CpuExecutor), type(executor)
-    assert [s.label for s in graph.plan.side_streams] == ["s1"], graph.plan.side_streams
-    return executor.side_threads
+    """Where every graph compiled through ``backend`` runs its side stream s1."""
+    where = set()
+    for graph in backend.graphs:  # one per intra-op thread count (Dynamo guards on it)
+        executor = graph.executor
+        assert isinstance(executor, CpuExecutor), type(executor)
+        assert [s.label for s in graph.plan.side_streams] == ["s1"], graph.plan.side_streams
+        where.add(executor.side_threads)
+    (only,) = where
+    return str(only)
 
 
 def call(model: Any, where: str, expected: torch.Tensor | None = None) -> str:
@@ -95,11 +99,15 @@ def call(model: Any, where: str, expected: torch.Tensor | None = None) -> str:
 
 
 def _warm(models: dict[str, Any]) -> None:
-    """Compile (the barrier would hold the fake-tensor trace too), then leave GNU OpenMP's pool
-    full of team threads, as any torch program's parallel ops do."""
+    """Compile (the barrier would hold the fake-tensor trace too), at one intra-op thread as
+    well (Dynamo guards on the thread count: a child that sets one would compile again), then
+    leave GNU OpenMP's pool full of team threads, as any torch program's parallel ops do."""
     x, w = inputs()
-    for model in models.values():
-        model(x, w)
+    threads = torch.get_num_threads()
+    for count in (1, threads):
+        torch.set_num_threads(count)
+        for model in models.values():
+            model(x, w)
     big = torch.randn(1 << 22)
     for _ in range(3):
         big.mul(2).sin()
@@ -122,6 +130,7 @@ def case_fork() -> None:
     call(workers, "worker")
     assert torch.get_num_threads() > 1, "the case needs more than one intra-op thread"
     expected = TwoStreams()(*inputs())
+    compiled_before = (len(team_backend.graphs), len(workers_backend.graphs))
     pid = os.fork()
     if pid == 0:
         try:
@@ -132,6 +141,8 @@ def case_fork() -> None:
             torch.set_num_threads(1)  # what torch needs here
             call(workers, "worker")
             call(team, "worker")
+            compiled_now = (len(team_backend.graphs), len(workers_backend.graphs))
+            assert compiled_now == compiled_before, "the child compiled again"
         except BaseException:
             import traceback
 
