@@ -37,7 +37,7 @@ def test_a_compiled_model_runs_in_its_processes(case: str, handoff: str) -> None
             env=env,
             capture_output=True,
             text=True,
-            timeout=300,  # each process's own watchdog ends it first, with its stacks
+            timeout=480,  # each process's own watchdog ends it first, with its stacks
         )
     except subprocess.TimeoutExpired as error:
         pytest.fail(f"{case} hung past the time limit:\n{error.stdout}\n{error.stderr}")
