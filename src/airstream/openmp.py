@@ -36,6 +36,7 @@ __all__ = [
     "LAUNCH_SPINCOUNT",
     "OPENMP_VARIABLES",
     "OpenMP",
+    "forked_child",
     "installed_runtime",
     "launch_environment",
     "openmp",
@@ -108,6 +109,11 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):  # POSIX
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def forked_child() -> bool:
+    """Whether this process is a forked child, where GNU OpenMP's pool lists threads it lacks."""
+    return _forked
 
 
 @functools.cache

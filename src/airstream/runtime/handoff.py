@@ -43,7 +43,7 @@ from typing import Any
 
 from airstream import environment
 from airstream.cache_dir import cache_root
-from airstream.openmp import openmp
+from airstream.openmp import forked_child, openmp
 
 __all__ = ["SPIN_NS", "TeamRunner", "describe", "flag_type", "team_runner"]
 
@@ -86,12 +86,7 @@ def _choice() -> str:
     return environment.AIRSTREAM_HANDOFF.read()
 
 
-_forked = False  # this process is a forked child (set by the at-fork handler below)
-
-
 def _after_fork_in_child() -> None:
-    global _forked
-    _forked = True
     if _extension.cache_info().currsize:  # loaded: its run_team must stop forming teams
         module = _extension()
         if module is not None:
@@ -119,7 +114,7 @@ def _extension() -> Any:
         assert spec is not None
         module = importlib.util.module_from_spec(spec)
         loader.exec_module(module)
-        if _forked:
+        if forked_child():  # loaded first in a forked child
             module.after_fork()
         return module
     except (OSError, ImportError, subprocess.SubprocessError) as error:
