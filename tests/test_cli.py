@@ -69,6 +69,7 @@ def test_module_entry() -> None:
     assert result.stderr == "", result.stderr
 
 
+@pytest.mark.torch_api
 def test_doctor_reports_versions_support_and_parts(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
@@ -91,6 +92,7 @@ def test_doctor_reports_versions_support_and_parts(capsys: pytest.CaptureFixture
     assert out.rstrip().endswith("(paste this whole output into bug reports)")
 
 
+@pytest.mark.torch_api
 def test_doctor_json_and_a_missing_private_api(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -124,6 +126,7 @@ def test_doctor_json_and_a_missing_private_api(
     assert "airstream's core does NOT work on this torch" in out
 
 
+@pytest.mark.torch_api
 def test_doctor_on_an_untested_torch_with_every_api(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -25,6 +25,8 @@ from tests.conftest import slow
 import airstream
 from airstream.cache_key import pass_identity
 
+pytestmark = pytest.mark.torch_api  # CI runs it on every torch minor (.ci/run)
+
 _MODEL = """
 import torch
 

@@ -33,6 +33,8 @@ from airstream.schedule.plan import build_plan
 from airstream.streams import assign_streams
 from airstream.torch_internals import FakeTensorMode
 
+pytestmark = pytest.mark.torch_api  # CI runs it on every torch minor (.ci/run)
+
 air = torch.ops.air
 LABEL = "_user_stream_label"
 CUDA0, CUDA1 = torch.device("cuda", 0), torch.device("cuda", 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.conftest import slow
@@ -63,6 +64,7 @@ def test_random_stream_programs_under_max_autotune_match_the_aten_path(rng: rand
     fuzz.check_program_max_autotune(program, runs=2, timeout=60.0, min_ops=1)
 
 
+@pytest.mark.torch_api
 def test_max_autotune_fuzzing_compiles_segments() -> None:
     report = fuzz.run_fuzz(4, seed=3, runs=1, mode="max-autotune")
     assert report["valid"] == 4 and report["segments"] > 0

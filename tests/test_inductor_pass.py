@@ -20,6 +20,8 @@ import airstream
 from airstream import passes, torch_internals
 from airstream.inductor import for_inductor
 
+pytestmark = pytest.mark.torch_api  # CI runs it on every torch minor (.ci/run)
+
 aten = torch.ops.aten
 
 

@@ -16,6 +16,8 @@ from tests.conftest import assert_same, compile_model, graph_of
 import airstream
 from airstream import torch_internals
 
+pytestmark = pytest.mark.torch_api  # CI runs it on every torch minor (.ci/run)
+
 aten = torch.ops.aten
 
 CustomGraphPass, _ = torch_internals.custom_graph_pass()

@@ -22,6 +22,8 @@ from airstream.schedule import overlap
 from airstream.schedule.plan import Record, Wait
 from plan_checks import simulate
 
+pytestmark = pytest.mark.torch_api  # CI runs it on every torch minor (.ci/run)
+
 
 def _config(**options: object) -> airstream.CompilerConfig:
     config = airstream.CompilerConfig()

@@ -18,6 +18,8 @@ from airstream import mode as modes
 from airstream import torch_internals
 from airstream.errors import ConfigError
 
+pytestmark = pytest.mark.torch_api  # CI runs it on every torch minor (.ci/run)
+
 
 class Block(torch.nn.Module):
     def __init__(self) -> None:

@@ -109,7 +109,18 @@ MATRIX = [
 ]
 
 
-@pytest.mark.parametrize(("arch", "config"), DEFAULT_CASES)
+# On every torch minor (CI's -m torch_api): the dense decoder, the case most of torch's compile
+# stack reaches (Dynamo on transformers' code, AOTAutograd, Inductor segments on two streams).
+_ON_EVERY_MINOR = ("llama", "auto_forced")
+
+
+@pytest.mark.parametrize(
+    ("arch", "config"),
+    [
+        pytest.param(*case, marks=[pytest.mark.torch_api] if case == _ON_EVERY_MINOR else [])
+        for case in DEFAULT_CASES
+    ],
+)
 def test_model_case_matches_eager_in_the_default_mode(
     arch: str, config: str, default_mode: None
 ) -> None:

@@ -29,6 +29,8 @@ from airstream.schedule.plan import build_plan
 from airstream.streams import assign_streams
 from airstream.torch_internals import FakeTensorMode
 
+pytestmark = pytest.mark.torch_api  # CI runs it on every torch minor (.ci/run)
+
 aten = torch.ops.aten
 CUDA0 = torch.device("cuda", 0)
 MAIN, ALT, EV, OUTSIDE = 0, 1, 2, 3  # registry indices, as Dynamo numbers the objects

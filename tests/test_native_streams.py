@@ -23,6 +23,8 @@ from airstream.errors import StreamError
 from airstream.ops.library import record, wait
 from airstream.ops.native import NATIVE_OPS
 
+pytestmark = pytest.mark.torch_api  # CI runs it on every torch minor (.ci/run)
+
 aten = torch.ops.aten
 TORCH = torch_internals.torch_release()[:2]
 

@@ -16,6 +16,8 @@ import airstream
 from airstream.effects import inplace_variant
 from airstream.passes.manager import FINAL, PassManager
 
+pytestmark = pytest.mark.torch_api  # CI runs it on every torch minor (.ci/run)
+
 aten = torch.ops.aten
 
 _lib = torch.library.Library("reinplace_test", "FRAGMENT")

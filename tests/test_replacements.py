@@ -14,6 +14,8 @@ import airstream
 import airstream.compat.torchair as torchair
 from airstream.compat.torchair import patterns as torchair_patterns
 
+pytestmark = pytest.mark.torch_api  # CI runs it on every torch minor (.ci/run)
+
 aten = torch.ops.aten
 
 _lib = torch.library.Library("replacements_test", "FRAGMENT")

@@ -26,6 +26,8 @@ from airstream.schedule.plan import build_plan
 from airstream.selftest.fuzz import Program, Step, check_program_max_autotune
 from airstream.streams import assign_streams
 
+pytestmark = pytest.mark.torch_api  # CI runs it on every torch minor (.ci/run)
+
 
 def test_layouts_compare_only_dimensions_of_more_than_one_element() -> None:
     assert same_layout((2, 1, 3), (3, 3, 1), (3, 99, 1))

@@ -19,6 +19,8 @@ from airstream import torch_internals
 from airstream.errors import TorchSupportError
 from airstream.torch_internals import registry
 
+pytestmark = pytest.mark.torch_api  # CI runs it on every torch minor (.ci/run)
+
 ROOT = Path(__file__).resolve().parents[1]
 BOUNDARY = ROOT / "src" / "airstream" / "torch_internals"
 TORCH_ROOTS = frozenset({"torch", "functorch"})

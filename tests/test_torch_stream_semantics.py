@@ -26,6 +26,8 @@ from tests.conftest import assert_same, compile_model, graph_of, ops_by_stream, 
 import airstream
 from airstream.ops.native import CpuEvent, CpuStream
 
+pytestmark = pytest.mark.torch_api  # CI runs it on every torch minor (.ci/run)
+
 aten = torch.ops.aten
 
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from tests.conftest import assert_same, compile_model, count, graph_of, ops_by_stream
 
 import airstream
+
+pytestmark = pytest.mark.torch_api  # CI runs it on every torch minor (.ci/run)
 
 air = torch.ops.air
 aten = torch.ops.aten
