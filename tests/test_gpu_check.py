@@ -46,6 +46,24 @@ def test_a_step_needing_a_missing_package_is_skipped_with_the_reason(
     assert "not installed here: no_such_package_here (the cuda-tests step is skipped)" in out
 
 
+def test_a_dry_run_runs_the_steps_after_the_first_side_by_side_and_reports_them_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    check = _gpu_check()
+    timed = "import json, time; "
+    timed += "s = time.time(); time.sleep(0.5); print(json.dumps({'at': [s, time.time()]}))"
+    steps = [(name, [sys.executable, "-c", timed], 30) for name in ("environment", "a", "b")]
+    monkeypatch.setattr(check, "REQUIRES", {})
+    monkeypatch.setattr(check, "_steps", lambda dry, out: steps)
+    monkeypatch.setattr(check.os, "cpu_count", lambda: 2)
+    assert check.main(["--dry-run", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())["steps"]
+    assert [s["step"] for s in report] == ["environment", "a", "b"]
+    (_, first_end), (a_start, a_end), (b_start, b_end) = (s["result"]["at"] for s in report)
+    assert first_end <= min(a_start, b_start), "the first step (the install) runs alone, first"
+    assert a_start < b_end and b_start < a_end, "the others ran side by side"
+
+
 def test_the_install_step_is_offline_and_keeps_what_is_installed() -> None:
     check = _gpu_check()
     (name, command, _), *_ = check._steps(True, ROOT)
