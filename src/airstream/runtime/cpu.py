@@ -26,6 +26,13 @@ stream, not one per op. A call's events, state and slots (:class:`CallObjects`) 
 and reset for a later call, where they are flags and no thread of the call can touch them after
 it returns (locks, made held, are made per call; a failed call's objects are dropped).
 
+Each side stream runs under the caller's thread-local torch state, captured once per call
+(``runtime/thread_state.py``: grad and inference mode, autocast, torch function and dispatch
+modes, saved-tensor hooks, the profiler). A call made from inside a stream of a call in flight
+on the same thread (a Python op calling a compiled function) runs every stream of its graph on
+that thread, in plan order: its side streams' workers may be busy with the outer call, waiting
+for this one.
+
 Failure handling: an op that raises on any stream marks the call failed and sets every event of
 the call, so no stream stays blocked; streams that wake up to a failed call stop at their next
 wait. The caller waits until every side stream of the call has finished, then gets the original
@@ -37,7 +44,7 @@ from __future__ import annotations
 import operator
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.fx
@@ -55,7 +62,9 @@ from airstream.runtime.codegen import (
 )
 from airstream.runtime.events import Aborted, CallObjects, CallState, Events
 from airstream.runtime.handoff import flag_type, team_runner
+from airstream.runtime.serial import SerialExecutor
 from airstream.runtime.slots import Handover, picker, take
+from airstream.runtime.thread_state import carrier
 from airstream.runtime.threads import Switching, idle, wake, working
 from airstream.runtime.trace import CallTrace, tracing_wanted
 from airstream.runtime.workers import StreamWorker, submit_all, worker_for
@@ -71,6 +80,21 @@ def _name_team_thread() -> None:
     thread = threading.current_thread()
     if thread.name.startswith("Dummy-"):
         thread.name = f"openmp-team-{thread.native_id}"
+
+
+# Whether this thread is running a stream of a call (its main stream, or a side stream's job):
+# per thread, so the hot path reads no shared state.
+_inside = threading.local()
+
+
+class _CallerState(NamedTuple):
+    """The thread state a call's side streams run under: the caller's whole torch thread-local
+    state (``state``, from the thread-state extension), or where that is unavailable its grad
+    and inference mode."""
+
+    state: Any
+    grad: bool
+    inference: bool
 
 
 class _StreamHooks(Hooks):
@@ -221,12 +245,22 @@ class CpuExecutor:
             for i, s in enumerate(sides)
         )
         self._team = team if self.sides else None
+        # Side streams run under the caller's thread-local state (runtime/thread_state.py).
+        self._carrier = carrier() if self.sides else None
         # Each call's objects, reused by later calls where they are spinning flags (locks are
         # made held: a used one cannot be reset) and no thread can touch them after the call
         # (see __call__). One per concurrent call: a caller takes one, and gives it back.
         self._reuse = flags
         self._ends_with_records = all(stream.final_event is not None for _, stream in self.sides)
         self._free: list[CallObjects] = []
+        self._gm = gm
+        self._serial: SerialExecutor | None = None
+
+    def _nested(self) -> SerialExecutor:
+        """This graph on one thread, for a call made from inside another call's stream."""
+        if self._serial is None:
+            self._serial = SerialExecutor(self._gm, self.plan)
+        return self._serial
 
     def _call_objects(self, caller_threads: int) -> CallObjects:
         """A free call's objects, reset, or new ones (list.pop is atomic: concurrent callers
@@ -264,7 +298,7 @@ class CpuExecutor:
         slots: list[Any],
         state: CallState,
         done: Any,
-        grad: bool,
+        caller: _CallerState,
         trace: CallTrace | None,
         final: Any,
         threads: int | None,
@@ -272,31 +306,39 @@ class CpuExecutor:
     ) -> Callable[[], Any]:
         """The side stream's job for one call; it returns ``final`` (the event of its last
         record, left out of its code) for its thread to set after letting go of the GIL.
-        ``threads``: the intra-op threads to run with (``None`` inside a parallel region, where
-        every torch op runs on its one thread)."""
+        ``caller``: the thread state it runs under. ``threads``: the intra-op threads to run
+        with (``None`` inside a parallel region, where every torch op runs on its one thread)."""
         kind = self._events
         mkl = self._mkl
+        carrier = self._carrier
 
         def job() -> Any:
+            _inside.call = True
             try:
                 if threads is not None:
                     set_intra_op_threads(threads)
                     if mkl is not None:
                         mkl(threads)
-                set_grad_enabled(grad)  # grad mode is per thread: follow the caller
-                if trace is None:
-                    code.fn(inputs, slots, state.events, state)
-                else:
+                args: tuple[Any, ...] = (inputs, slots, state.events, state)
+                if trace is not None:
                     if threads is None:
                         _name_team_thread()
-                    code.fn(
-                        inputs, slots, state.events, state, {code.label: trace.stream(code.label)}
-                    )
+                    args = (*args, {code.label: trace.stream(code.label)})
+                if carrier is not None:  # under the caller's whole thread-local state
+                    carrier.run(caller.state, code.fn, *args)
+                else:  # grad and inference mode, each per thread: follow the caller
+                    set_grad_enabled(caller.grad)
+                    if caller.inference:
+                        with torch.inference_mode():
+                            code.fn(*args)
+                    else:
+                        code.fn(*args)
             except Aborted:
                 pass
             except BaseException as error:  # handed to the caller
                 state.fail(error, code.locate(error))
             finally:
+                _inside.call = False
                 state.working[side] = False  # the main stream may take every thread now
                 kind.set(done)
             return final
@@ -304,6 +346,11 @@ class CpuExecutor:
         return job
 
     def __call__(self, args: list[Any]) -> Any:
+        if getattr(_inside, "call", False):
+            # Called from an op of a call in flight on this thread (a Python op calling a
+            # compiled function): its side streams could queue behind a job of the outer call
+            # waiting for this thread, so this call runs every stream here, in plan order.
+            return self._nested()(args)
         trace, main = None, self.main.code
         if tracing_wanted():
             main = self.main.traced.get()
@@ -314,7 +361,11 @@ class CpuExecutor:
         caller_threads = torch.get_num_threads()
         objects = self._call_objects(caller_threads)
         events, done, state, slots = objects.events, objects.done, objects.state, objects.slots
-        grad = torch.is_grad_enabled()
+        carrier = self._carrier
+        if carrier is not None:
+            caller = _CallerState(carrier.capture(), False, False)
+        else:
+            caller = _CallerState(None, torch.is_grad_enabled(), torch.is_inference_mode_enabled())
         sides = []
         for worker, stream in self.sides:
             code = stream.code if trace is None else stream.traced.get()
@@ -326,6 +377,7 @@ class CpuExecutor:
         args.clear()  # the boxed convention: every input now lives only where it is read
 
         def run_main() -> Any:
+            _inside.call = True
             try:
                 if trace is None:
                     return main.fn(main_inputs, slots, events, state)
@@ -335,10 +387,12 @@ class CpuExecutor:
             except BaseException as error:
                 state.fail(error, main.locate(error))
                 return None
+            finally:
+                _inside.call = False
 
         def jobs(threads: int | None) -> list[Callable[[], Any]]:
             return [
-                self._job(code, inputs, slots, state, done[i], grad, trace, final, threads, i)
+                self._job(code, inputs, slots, state, done[i], caller, trace, final, threads, i)
                 for i, (_, code, inputs, final) in enumerate(sides)
             ]
 

@@ -74,6 +74,7 @@ from airstream.torch_internals.core import (
     stream_annotations,
     torch_side_effects,
 )
+from airstream.torch_internals.cpp_build import CppBuild, cpp_build
 from airstream.torch_internals.cuda import (
     clear_cublas_workspaces,
     cuda_sleep,
@@ -164,6 +165,7 @@ from airstream.torch_internals.tools import (
     record_function_exit,
     register_backend,
     remove_from_dynamo_cache,
+    saved_tensor_hooks_set,
     size_hint,
     tree_flatten,
     tree_unflatten,
@@ -283,6 +285,9 @@ __all__ = [
     "require",
     "set_annotations",
     "set_grad_enabled",
+    "CppBuild",
+    "cpp_build",
+    "saved_tensor_hooks_set",
     "size_hint",
     "stack_trace",
     "drop_frames_under",

@@ -44,6 +44,8 @@ GROUPS: Mapping[str, str] = {
     "inductor-pass": "airstream's stream passes as Inductor custom passes (airstream.inductor)",
     "compile-cache": "airstream.cache_compile and TorchAir's cache_compile (compiled code on disk)",
     "cpu-streams": "worker-thread side streams on CPU (their matrix multiplies' thread count)",
+    # optional: without it a side stream carries the caller's grad and inference mode only
+    "thread-state": "side streams under the caller's thread state (torch.profiler, modes, hooks)",
     # reporting only: a missing one warns once and the report says "unknown"; nothing fails
     "diagnostics": "reports (cache hits, the graph-break warning, `airstream doctor`)",
 }

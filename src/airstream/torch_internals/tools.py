@@ -130,6 +130,23 @@ def profile_all_threads_config() -> Any:
     return _get("profiler_all_threads")(profile_all_threads=True)
 
 
+@_feature(
+    "saved_tensor_hooks_top",
+    "torch._C._autograd._top_saved_tensors_default_hooks",
+    "testing",
+    "tests that check a side stream runs under the caller's saved-tensor hooks",
+)
+def _probe_saved_tensor_hooks_top() -> Callable[[bool], Any]:
+    top = _attr("torch._C._autograd:_top_saved_tensors_default_hooks")
+    top(True)
+    return top
+
+
+def saved_tensor_hooks_set() -> bool:
+    """Whether this thread has saved-tensor default hooks set (``saved_tensors_hooks``)."""
+    return _get("saved_tensor_hooks_top")(True) is not None
+
+
 # --- explain ----------------------------------------------------------------------------------
 
 

@@ -1,0 +1,100 @@
+"""The caller's thread-local torch state on the threads that run its side streams.
+
+A side stream's ops run on another thread (a worker, or a thread of the caller's OpenMP team),
+and torch keeps much of what an op runs under per thread: grad and inference mode, autocast,
+torch function and dispatch modes, saved-tensor hooks, and ``torch.profiler``, which records
+only the threads it was started on. Each call captures the caller's state once and runs every
+side stream under it (``thread_state.cpp``: torch's own ``at::ThreadLocalState``, as the autograd
+engine carries it onto its threads); the thread's own state comes back after the job.
+
+The extension is C++ against torch's headers, compiled once per torch and Python build into
+airstream's cache directory (a few seconds, with the C++ compiler Python was built with). Where
+it cannot be built, :func:`carrier` returns ``None`` once with a warning, and side streams carry
+grad and inference mode only (``torch.profiler`` then sees only the main stream's ops).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.machinery
+import importlib.util
+import shlex
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from airstream.cache_dir import cache_root
+from airstream.errors import TorchSupportError
+from airstream.torch_internals import cpp_build, require
+
+__all__ = ["Carrier", "carrier"]
+
+_SOURCE_FILE = Path(__file__).with_name("thread_state.cpp")
+
+
+class Carrier:
+    """``capture()``: the calling thread's state; ``run(state, fn, *args)``: ``fn(*args)`` under
+    it, on the calling thread."""
+
+    def __init__(self, module: Any) -> None:
+        self.capture: Callable[[], Any] = module.capture
+        self.run: Callable[..., Any] = module.run
+
+
+def _build(target: Path) -> None:
+    """Compile the extension to ``target`` (atomically: another process may build it too)."""
+    compiler = shlex.split(sysconfig.get_config_var("CXX") or "c++")
+    include = sysconfig.get_paths()["include"]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        source = Path(tmp) / "airstream_thread_state.cpp"
+        source.write_text(_SOURCE_FILE.read_text())
+        built = Path(tmp) / target.name
+        command = [*compiler, "-O2", "-std=c++20", "-shared", "-fPIC", f"-I{include}", str(source)]
+        done = subprocess.run(
+            [*command, "-o", str(built), *cpp_build().flags()],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise OSError(f"{' '.join(command)} failed: {done.stderr.strip()[:500]}")
+        built.replace(target)
+
+
+@functools.cache
+def carrier() -> Carrier | None:
+    """The extension, built on first use; ``None`` where it cannot be built (warned once)."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    identity = _SOURCE_FILE.read_text() + sys.version + torch.__version__ + torch.__file__
+    key = hashlib.sha1(identity.encode()).hexdigest()[:12]
+    target = cache_root() / "thread_state" / key / f"airstream_thread_state{suffix}"
+    try:
+        require("thread-state")  # torch's headers and libraries, where the build finds them
+        if not target.exists():
+            _build(target)
+        name = "airstream_thread_state"
+        loader = importlib.machinery.ExtensionFileLoader(name, str(target))
+        spec = importlib.util.spec_from_file_location(name, target, loader=loader)
+        assert spec is not None
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        return Carrier(module)
+    except (OSError, ImportError, subprocess.SubprocessError, TorchSupportError) as error:
+        warnings.warn(
+            f"airstream: side streams cannot run under the caller's thread state ({error}): "
+            "they carry its grad and inference mode only, and torch.profiler sees only the "
+            "main stream's ops. Building it needs a C++ compiler (g++) and torch's headers.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
