@@ -174,6 +174,7 @@ def test_op_error_reaches_caller_with_type_node_and_stream(bad: str, where: str)
         assert_same(compiled(good, good), good + good)
 
 
+@pytest.mark.torch_api  # its behaviour differs between torch releases
 def test_concurrent_callers_get_correct_results() -> None:
     model = _Branches()
     inputs = [torch.randn(8, 32, generator=torch.Generator().manual_seed(i)) for i in range(8)]

@@ -60,6 +60,7 @@ def _run_threads(target: Any, n: int, timeout: float = 120) -> list[BaseExceptio
 _DYNAMO_THREAD_SAFE = torch_internals.torch_release()[:2] >= (2, 13)
 
 
+@pytest.mark.torch_api  # its behaviour differs between torch releases
 @pytest.mark.skipif(
     not _DYNAMO_THREAD_SAFE, reason="torch 2.11's Dynamo recompiles concurrent callers"
 )
