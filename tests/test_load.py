@@ -222,3 +222,79 @@ def test_keyboard_interrupt_from_an_op_on_main_while_a_side_stream_waits() -> No
     with pytest.raises(KeyboardInterrupt):
         compiled(-good)
     assert_same(compiled(good), good.sin() * good)
+
+
+class _FaultAt(torch.nn.Module):
+    """A two-stream program whose op at ``where`` raises for a negative input: ``main_first``
+    (the main stream's first op, before the side stream starts its work), ``side_mid`` (a side
+    op between two others, its result recorded for main), ``side_while_main_waits`` (a side op
+    that raises late, while main is blocked waiting for it)."""
+
+    def __init__(self, where: str, interrupt: bool) -> None:
+        super().__init__()
+        self.where = where
+        self.fault = ops.interrupt_if_negative if interrupt else ops.fail_if_negative
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.where == "main_first":
+            a = self.fault(x)
+            with airstream.stream("load_fault"):
+                b = x.cos()
+            return a + b
+        with airstream.stream("load_fault"):
+            b = x.cos()
+            if self.where == "side_while_main_waits":
+                b = ops.sleep_then_copy(b, 0.001)
+            b = self.fault(x) * b
+            b = b.exp()
+        return x.sin() + b  # main waits for the side stream's b
+
+
+@pytest.mark.parametrize(
+    "calls",
+    [
+        100,
+        pytest.param(
+            1_000,
+            marks=slow(
+                "1,000 failed calls under tracemalloc (about 17 s each)",
+                "tests/test_load.py::test_a_thousand_failed_calls_leave_no_thread_or_memory_behind",
+            ),
+        ),
+    ],
+)
+@pytest.mark.parametrize("interrupt", [False, True], ids=["ValueError", "KeyboardInterrupt"])
+@pytest.mark.parametrize("where", ["main_first", "side_mid", "side_while_main_waits"])
+def test_a_thousand_failed_calls_leave_no_thread_or_memory_behind(
+    where: str, interrupt: bool, calls: int
+) -> None:
+    model = _FaultAt(where, interrupt)
+    compiled, backend = compile_model(model)
+    good = torch.rand(8)
+    assert_same(compiled(good), model(good))
+    (graph,) = backend.graphs
+    assert graph.streams.nodes_on("load_fault")
+    kind = KeyboardInterrupt if interrupt else ValueError
+    op = "interrupt_if_negative" if interrupt else "fail_if_negative"
+    stream = "main" if where == "main_first" else "load_fault"
+    with pytest.raises(kind) as raised:
+        compiled(-good)
+    note = "\n".join(getattr(raised.value, "__notes__", []))
+    assert op in note and stream in note, note  # the error names the op and its stream
+    for _ in range(50):  # warm up what a failed call allocates once
+        with pytest.raises(kind):
+            compiled(-good)
+    gc.collect()
+    threads = threading.active_count()
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    for _ in range(calls):
+        with pytest.raises(kind):
+            compiled(-good)
+    gc.collect()
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    growth = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+    assert threading.active_count() == threads, "a failed call left a thread behind"
+    assert growth < 64 * 1024, f"Python heap grew by {growth} bytes over {calls:,} failed calls"
+    assert_same(compiled(good), model(good))  # and the next call works
