@@ -28,14 +28,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.machinery
-import importlib.util
 import os
-import shlex
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -44,6 +40,7 @@ from typing import Any
 from airstream import environment
 from airstream.cache_dir import cache_root
 from airstream.openmp import forked_child, openmp
+from airstream.runtime import extension
 
 __all__ = ["SPIN_NS", "TeamRunner", "describe", "flag_type", "team_runner"]
 
@@ -57,28 +54,6 @@ _SOURCE_FILE = Path(__file__).with_name("handoff.c")
 def _cache_dir() -> Path:
     """airstream's cache directory (:func:`airstream.cache_dir.cache_root`)."""
     return cache_root()
-
-
-def _build(target: Path) -> None:
-    """Compile the extension to ``target`` (atomically: another process may build it too)."""
-    compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")
-    include = sysconfig.get_paths()["include"]
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        source = Path(tmp) / "airstream_handoff.c"
-        source.write_text(_SOURCE_FILE.read_text())
-        built = Path(tmp) / target.name
-        command = [*compiler, "-O2", "-shared", "-fPIC", f"-I{include}", str(source)]
-        done = subprocess.run(
-            [*command, "-o", str(built), "-lpthread", "-ldl"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise OSError(f"{' '.join(command)} failed: {done.stderr.strip()[:500]}")
-        os.replace(built, target)
 
 
 def _choice() -> str:
@@ -108,12 +83,8 @@ def _extension() -> Any:
     target = _cache_dir() / "handoff" / key / f"airstream_handoff{suffix}"
     try:
         if not target.exists():
-            _build(target)
-        loader = importlib.machinery.ExtensionFileLoader("airstream_handoff", str(target))
-        spec = importlib.util.spec_from_file_location("airstream_handoff", target, loader=loader)
-        assert spec is not None
-        module = importlib.util.module_from_spec(spec)
-        loader.exec_module(module)
+            extension.build(_SOURCE_FILE, target, "CC", ["-O2"], ["-lpthread", "-ldl"])
+        module = extension.load("airstream_handoff", target)
         if forked_child():  # loaded first in a forked child
             module.after_fork()
         return module

@@ -17,13 +17,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.machinery
-import importlib.util
-import shlex
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +29,7 @@ import torch
 
 from airstream.cache_dir import cache_root
 from airstream.errors import TorchSupportError
+from airstream.runtime import extension
 from airstream.torch_internals import cpp_build, require
 
 __all__ = ["Carrier", "carrier"]
@@ -49,28 +46,6 @@ class Carrier:
         self.run: Callable[..., Any] = module.run
 
 
-def _build(target: Path) -> None:
-    """Compile the extension to ``target`` (atomically: another process may build it too)."""
-    compiler = shlex.split(sysconfig.get_config_var("CXX") or "c++")
-    include = sysconfig.get_paths()["include"]
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        source = Path(tmp) / "airstream_thread_state.cpp"
-        source.write_text(_SOURCE_FILE.read_text())
-        built = Path(tmp) / target.name
-        command = [*compiler, "-O2", "-std=c++20", "-shared", "-fPIC", f"-I{include}", str(source)]
-        done = subprocess.run(
-            [*command, "-o", str(built), *cpp_build().flags()],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise OSError(f"{' '.join(command)} failed: {done.stderr.strip()[:500]}")
-        built.replace(target)
-
-
 @functools.cache
 def carrier() -> Carrier | None:
     """The extension, built on first use; ``None`` where it cannot be built (warned once)."""
@@ -81,14 +56,8 @@ def carrier() -> Carrier | None:
     try:
         require("thread-state")  # torch's headers and libraries, where the build finds them
         if not target.exists():
-            _build(target)
-        name = "airstream_thread_state"
-        loader = importlib.machinery.ExtensionFileLoader(name, str(target))
-        spec = importlib.util.spec_from_file_location(name, target, loader=loader)
-        assert spec is not None
-        module = importlib.util.module_from_spec(spec)
-        loader.exec_module(module)
-        return Carrier(module)
+            extension.build(_SOURCE_FILE, target, "CXX", ["-O2", "-std=c++20"], cpp_build().flags())
+        return Carrier(extension.load("airstream_thread_state", target))
     except (OSError, ImportError, subprocess.SubprocessError, TorchSupportError) as error:
         warnings.warn(
             f"airstream: side streams cannot run under the caller's thread state ({error}): "
