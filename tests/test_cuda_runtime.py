@@ -26,6 +26,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import airstream
 from airstream.examples.guide import Model, custom_pre_pass
+from airstream.runtime.capture_pool import CapturePool
 from airstream.runtime.cuda import CudaExecutor
 from airstream.runtime.cuda_api import CudaApi
 from airstream.runtime.cuda_graphs import CudaGraphExecutor, capture_blockers, copy_like
@@ -83,15 +84,21 @@ def _trace(fn: Callable[..., Any], *shapes: tuple[int, ...], device: torch.devic
 
 class Replayable(CudaExecutor):
     """A CudaExecutor whose call inside a stand-in capture also records how to replay it:
-    recompute the call on the captured tensors and write the captured outputs in place."""
+    recompute the call on the captured tensors and write the captured outputs in place. As on
+    CUDA, a capture writes nothing: what the call wrote to its inputs is undone."""
 
     def __call__(self, args: list[Any]) -> Any:
         api = self.api
         assert isinstance(api, StandInCuda)
         graph = api.capturing_graph()
         saved = list(args)
+        ours = graph is not None and graph is not getattr(self, "_user_graph", None)
+        before = [a.clone() if ours and isinstance(a, torch.Tensor) else None for a in saved]
         outputs = super().__call__(args)
-        if graph is not None and graph is not getattr(self, "_user_graph", None):
+        for value, old in zip(saved, before, strict=True):
+            if old is not None:
+                value.copy_(old)
+        if ours:
 
             def replay() -> None:
                 fresh = CudaExecutor.__call__(self, list(saved))
@@ -348,7 +355,8 @@ def test_a_replay_checks_weights_once_copies_in_batches_and_returns_weights_as_t
 
 def test_capture_runs_on_private_streams() -> None:
     """Defect 5: label streams shared process-wide joined one thread's capture; the capture
-    stream was shared by all executors."""
+    stream was shared by all executors, with no lock (now one per device, used only under the
+    process's capture lock)."""
     executor, api = _graph_executor(_two_streams, (4, 4), (4, 4))
     caller = api.current_stream(CUDA0)
     x, w = torch.randn(4, 4), torch.randn(4, 4)
@@ -369,7 +377,7 @@ def test_capture_mode_is_thread_local() -> None:
     graph.capture_begin.assert_called_once_with(pool=(0, 1), capture_error_mode="thread_local")
 
 
-def test_captures_in_two_threads_run_one_at_a_time_on_each_threads_streams() -> None:
+def test_captures_in_two_threads_run_one_at_a_time_on_the_devices_capture_stream() -> None:
     api = StandInCuda()
     api.capture_delay = 0.05  # a slow capture_begin: two at once would overlap here
     executors = [_graph_executor(_two_streams, (4, 4), (4, 4), api=api)[0] for _ in range(2)]
@@ -393,7 +401,9 @@ def test_captures_in_two_threads_run_one_at_a_time_on_each_threads_streams() -> 
     assert all(e.captures == 1 for e in executors)
     assert api.most_concurrent == 1, "the process-wide capture lock serializes captures"
     begins = {e[1] for e in api.calls("capture_begin")}
-    assert len(begins) == 2, "each thread captures on its own private stream"
+    callers = {e[1] for e in api.log if e[0] == "use"} - begins
+    assert begins == {api.capture_stream(CUDA0).name}, "one capture stream for the device"
+    assert len(callers) >= 2, "neither thread's own stream captures"
     for result in results:
         assert_same(result, _two_streams(x, w))
 
@@ -497,7 +507,7 @@ def test_replays_from_two_caller_streams_are_ordered() -> None:
     api.set_stream(b)
     api.log.clear()
     assert_same(executor([x, w]), _two_streams(x, w))
-    done = executor._done.name
+    done = executor.pool._done[0].name
     wait_at = api.log.index(("wait_event", b.name, done))
     replay_at = next(i for i, e in enumerate(api.log) if e[0] == "replay")
     assert wait_at < replay_at and api.log[replay_at][1] == b.name
@@ -533,8 +543,12 @@ def test_capture_blockers() -> None:
     symbolic = make_fx(nonzero, tracing_mode="symbolic")(torch.randn(4))
     reasons = " | ".join(capture_blockers(symbolic))
     assert "depends on tensor values" in reasons, reasons
-    reasons = " | ".join(capture_blockers(_trace(mutating, (2,))))
-    assert "mutates its input" in reasons and "draws random numbers" in reasons
+    mutates = _trace(mutating, (2,))
+    reasons = " | ".join(capture_blockers(mutates))
+    expected = "(aten.add_.Tensor) (no source line recorded) writes input x_1, which is not a "
+    assert expected + "parameter or buffer" in reasons, reasons
+    assert "draws random numbers" in reasons
+    assert not any("writes input" in r for r in capture_blockers(mutates, static={0}))
     with FakeTensorMode():
         x0, x1 = torch.empty(2, device=CUDA0), torch.empty(2, device=CUDA1)
     gm = make_fx(two_devices, tracing_mode="fake")(x0, x1)
@@ -543,6 +557,155 @@ def test_capture_blockers() -> None:
     assert capture_blockers(_trace(_two_streams, (4, 4), (4, 4))) == []
     sym = make_fx(lambda x: x * 2, tracing_mode="symbolic")(torch.randn(4))
     assert any("symbolic shape" in r for r in capture_blockers(sym))
+
+
+# ---- as cudagraph trees: a shared pool, a rerecord limit, written buffers ---------------------
+
+
+def test_a_graph_whose_weights_keep_moving_stops_capturing_at_the_limit_with_one_warning() -> None:
+    inner, gm = _executor(_two_streams, (4, 4), (4, 4))
+    executor = CudaGraphExecutor(inner, gm, static=(1,), rerecord_limit=2)
+    api = inner.api
+    assert isinstance(api, StandInCuda)
+    x = torch.randn(4, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):  # the capture, then two re-records: each call a new weight
+            w = torch.randn(4, 4)
+            assert_same(executor([x, w]), _two_streams(x, w))
+    assert executor.captures == 3 and executor.rerecords == 2
+    (pool,) = api.pools
+    assert pool.use_count() == 2, "a re-record releases the old graph's use of the pool"
+    with pytest.warns(UserWarning, match=r"\(input w_1\) was a new tensor at 3 calls") as caught:
+        w = torch.randn(4, 4)
+        assert_same(executor([x, w]), _two_streams(x, w))
+    assert len(caught) == 1 and "cuda_graph_rerecord_limit=2" in str(caught[0].message)
+    assert executor.blockers == ["re-recorded 3 times (rerecord limit reached)"]
+    assert pool.use_count() == 1, "the last graph is let go too"
+    api.log.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once
+        for _ in range(5):
+            w = torch.randn(4, 4)
+            assert_same(executor([x, w]), _two_streams(x, w))
+    assert not api.calls("capture_begin") and not api.calls("replay"), "runs on streams"
+    assert executor.captures == 3
+
+
+def _second_graph(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    air.scope_enter([LABEL], ["side"])
+    a = (x * 2).cos()
+    air.scope_exit()
+    return a + w.sum(), a
+
+
+def test_graphs_of_one_compiled_function_share_a_pool_capture_stream_and_replay_order() -> None:
+    """As a forward and its backward in cudagraph trees: one memory pool, every capture on the
+    device's one capture stream (the allocator reuses a pool's free block only on the stream
+    that freed it), and a replay waits for the last replay of any graph of the pool."""
+    api = StandInCuda()
+    pool = CapturePool()
+    first, gm1 = _executor(_two_streams, (4, 4), (4, 4), api=api)
+    second, gm2 = _executor(_second_graph, (4, 4), (4, 4), api=api)
+    forward = CudaGraphExecutor(first, gm1, static=(1,), pool=pool)
+    backward = CudaGraphExecutor(second, gm2, pool=pool)
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    assert_same(forward([x, w]), _two_streams(x, w))
+    assert_same(backward([x, w]), _second_graph(x, w))
+    (memory,) = api.pools
+    assert memory.use_count() == 3, "the pool's own use and one per captured graph"
+    begins = {e[1] for e in api.calls("capture_begin")}
+    assert begins == {api.capture_stream(CUDA0).name}
+    caller = api.new_stream(CUDA0, 0)
+    api.set_stream(caller)
+    api.log.clear()
+    assert_same(forward([x, w]), _two_streams(x, w))
+    assert_same(backward([x, w]), _second_graph(x, w))
+    done = pool._done[0].name
+    replays = [i for i, e in enumerate(api.log) if e[0] == "replay"]
+    waits = [i for i, e in enumerate(api.log) if e == ("wait_event", caller.name, done)]
+    records = [i for i, e in enumerate(api.log) if e == ("record", caller.name, done)]
+    assert len(replays) == len(waits) == len(records) == 2
+    assert waits[0] < replays[0] < records[0] < waits[1] < replays[1] < records[1]
+    other = CudaGraphExecutor(_executor(_two_streams, (4, 4), (4, 4), api=api)[0], gm1)
+    other([x, w])
+    assert len(api.pools) == 2, "another compiled function: a pool of its own"
+
+
+@pytest.mark.parametrize("release", [(2, 11), (2, 15)], ids=["2.11", "2.15"])
+def test_a_failed_capture_in_a_shared_pool_keeps_the_other_graphs_use(
+    release: tuple[int, int],
+) -> None:
+    api = StandInCuda(release=release)
+    pool = CapturePool()
+    first, gm1 = _executor(_two_streams, (4, 4), (4, 4), api=api)
+    second, gm2 = _executor(_reuse, (16,), api=api)
+    forward = CudaGraphExecutor(first, gm1, pool=pool)
+    backward = CudaGraphExecutor(second, gm2, pool=pool)
+    x, w, v = torch.randn(4, 4), torch.randn(4, 4), torch.randn(16)
+    forward([x, w])
+    api.fail_in_capture = True
+    with pytest.warns(UserWarning, match="CUDA graph capture failed"):
+        assert_same(backward([v]), _reuse(v))
+    (memory,) = api.pools
+    assert memory.use_count() == 2 and not api.violations, "only the failed capture's use went"
+    assert not api.pools_allocating and not api.capture_of
+    api.fail_in_capture = False
+    x2 = torch.randn(4, 4)
+    assert_same(forward([x2, w]), _two_streams(x2, w))
+    assert forward.captures == 1 and len(api.calls("replay")) == 2, "a replay per call"
+
+
+def _accumulates(x: torch.Tensor, total: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    air.scope_enter([LABEL], ["side"])
+    y = x.sin()
+    air.scope_exit()
+    total.add_(x)  # a buffer kept by the model: a running sum
+    return y * total, y
+
+
+def test_a_graph_writing_a_buffer_is_captured_and_writes_it_once_per_call() -> None:
+    """cudagraph trees capture a write to a parameter or buffer; the warm-up runs it on copies,
+    so each call writes once; a write to any other input still keeps the graph from capture."""
+    executor, api = _graph_executor(_accumulates, (8,), (8,), static=(1,))
+    total = torch.zeros(8)
+    expected = torch.zeros(8)
+    for _ in range(4):
+        x = torch.randn(8)
+        out = executor([x, total])
+        expected += x
+        torch.testing.assert_close(total, expected, rtol=0, atol=1e-6)
+        assert_same(out[0], x.sin() * expected)
+    assert executor.captures == 1 and len(api.calls("replay")) == 4
+    assert executor._inputs[1] is total, "the replay writes the buffer itself"
+    inner, gm = _executor(_accumulates, (8,), (8,))
+    blockers = CudaGraphExecutor(inner, gm).blockers
+    assert len(blockers) == 1 and "writes input total_1" in blockers[0], blockers
+
+
+def test_a_compiled_functions_forward_and_backward_get_one_capture_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The plumbing, on CPU: every graph compiled from one Dynamo graph is handed one pool."""
+    import airstream.pipeline as pipeline
+
+    pools: list[tuple[str, Any]] = []
+    finish = pipeline.finish_graph
+
+    def recording(gm: Any, config: Any, kind: str, *args: Any, **kwargs: Any) -> Any:
+        pools.append((kind, kwargs.get("capture_pool")))
+        return finish(gm, config, kind, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "finish_graph", recording)
+    net = torch.nn.Linear(4, 4)
+    compiled, _ = compile_model(net)
+    compiled(torch.randn(2, 4)).sum().backward()
+    other, _ = compile_model(torch.nn.Linear(4, 4))
+    other(torch.randn(2, 4)).sum().backward()
+    assert [kind for kind, _ in pools] == ["forward", "backward"] * 2
+    assert all(isinstance(pool, CapturePool) for _, pool in pools)
+    assert pools[0][1] is pools[1][1] and pools[2][1] is pools[3][1]
+    assert pools[0][1] is not pools[2][1]
 
 
 def test_copies_keep_strides() -> None:
@@ -953,6 +1116,94 @@ def test_cuda_training_with_streams_matches_eager() -> None:
     for kind in ("forward", "backward"):
         executor = graph_of(backend, kind).executor
         assert isinstance(executor, CudaGraphExecutor) and executor.captures == 1, kind
+
+
+@pytest.mark.cuda
+@pytest.mark.filterwarnings("error")
+def test_cuda_forward_and_backward_capture_into_one_pool() -> None:
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(512, 512), torch.nn.Linear(512, 512)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with airstream.stream("side"):
+                left = self.a(x).relu()
+            return (left * self.b(x).tanh()).sum()
+
+    net = Net().cuda()
+    ref = Net().cuda()
+    ref.load_state_dict(net.state_dict())
+    compiled, backend = compile_model(net)
+    for _ in range(4):
+        x = torch.randn(256, 512, device="cuda")
+        net.zero_grad()
+        ref.zero_grad()
+        compiled(x).backward()
+        ref(x).backward()
+        for p, q in zip(net.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    forward = graph_of(backend, "forward").executor
+    backward = graph_of(backend, "backward").executor
+    assert isinstance(forward, CudaGraphExecutor) and isinstance(backward, CudaGraphExecutor)
+    assert forward.captures == backward.captures == 1
+    assert forward.pool is backward.pool, "one pool, as cudagraph trees' forward and backward"
+    (memory,) = forward.pool._memory.values()
+    assert memory.use_count() >= 3, "the pool's own use and one per captured graph"
+
+
+@pytest.mark.cuda
+def test_cuda_weights_replaced_each_call_stop_capturing_at_the_limit() -> None:
+    x, w = torch.randn(256, 256, device="cuda"), torch.randn(256, 256, device="cuda")
+    executor, gm = _real(_two_streams, x, w)
+    graphed = CudaGraphExecutor(executor, gm, static=(1,), rerecord_limit=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(4):
+            w = torch.randn(256, 256, device="cuda")
+            torch.testing.assert_close(graphed([x, w]), _two_streams(x, w))
+    assert graphed.captures == 4
+    with pytest.warns(UserWarning, match=r"\(input w_1\) was a new tensor"):
+        w = torch.randn(256, 256, device="cuda")
+        torch.testing.assert_close(graphed([x, w]), _two_streams(x, w))
+    torch.cuda.synchronize()
+    settled = torch.cuda.memory_reserved()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(20):
+            w = torch.randn(256, 256, device="cuda")
+            torch.testing.assert_close(graphed([x, w]), _two_streams(x, w))
+    torch.cuda.synchronize()
+    assert graphed.captures == 4 and torch.cuda.memory_reserved() <= settled + (4 << 20)
+
+
+@pytest.mark.cuda
+@pytest.mark.filterwarnings("error")
+def test_cuda_a_model_writing_its_buffer_is_captured_and_matches_eager() -> None:
+    class Running(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(256, 256)
+            self.register_buffer("total", torch.zeros(256))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with airstream.stream("side"):
+                y = self.lin(x).relu()
+            self.total.add_(x.sum(0))
+            return y * self.total
+
+    model = Running().cuda()
+    ref = Running().cuda()
+    ref.load_state_dict(model.state_dict())
+    compiled, backend = compile_model(model)
+    with torch.no_grad():
+        for _ in range(5):
+            x = torch.randn(64, 256, device="cuda")
+            torch.testing.assert_close(compiled(x), ref(x), rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(model.total, ref.total, rtol=1e-5, atol=1e-5)
+    executor = graph_of(backend, "inference").executor
+    assert isinstance(executor, CudaGraphExecutor) and not executor.blockers
+    assert executor.captures == 1
 
 
 def test_static_inputs_are_the_parameters_and_buffers() -> None:

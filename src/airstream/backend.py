@@ -31,6 +31,7 @@ from airstream.observers import CompiledGraph, CompileObserver, Observers, ReadO
 from airstream.ops.native import NativeStreams, attach_native_streams
 from airstream.passes.manager import pass_name
 from airstream.pipeline import GraphCompiler
+from airstream.runtime.capture_pool import CapturePool
 from airstream.schedule.native import has_native_streams, lower_native_streams
 from airstream.tracebacks import readable
 
@@ -139,10 +140,11 @@ class AirstreamBackend:
         if native is not None:  # before AOTAutograd, which would act on Dynamo's form
             lower_native_streams(gm, native, graph_kind="Dynamo")
             gm.recompile()  # AOTAutograd runs the module
+        pool = CapturePool()  # its graphs' CUDA graphs share memory, as cudagraph trees'
         aot = torch_internals.aot_autograd(
-            fw_compiler=GraphCompiler(config, "forward", observer, native),
-            bw_compiler=GraphCompiler(config, "backward", observer, native),
-            inference_compiler=GraphCompiler(config, "inference", observer, native),
+            fw_compiler=GraphCompiler(config, "forward", observer, native, pool),
+            bw_compiler=GraphCompiler(config, "backward", observer, native, pool),
+            inference_compiler=GraphCompiler(config, "inference", observer, native, pool),
             decompositions=self.decompositions,
             partition_fn=_keep_air_ops_in_forward,
             keep_inference_input_mutations=config.experimental_config.keep_inference_input_mutations,

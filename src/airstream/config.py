@@ -26,7 +26,11 @@ from airstream.options import (
     positive_int,
 )
 
-__all__ = ["CompilerConfig", "PassSlot"]
+__all__ = ["CUDA_GRAPH_RERECORD_LIMIT", "CompilerConfig", "PassSlot"]
+
+# How many times a CUDA graph is captured again because a parameter or buffer is a new tensor:
+# the bound cudagraph trees have (torch._inductor.config.triton.cudagraph_unexpected_rerecord_limit)
+CUDA_GRAPH_RERECORD_LIMIT = 128
 
 
 class GraphDumpConfig(OptionGroup):
@@ -110,6 +114,14 @@ class ExperimentalConfig(OptionGroup):
             boolean,
             "built-in pass (last): an input's write-back is folded into the op computing it "
             "(mul + copy_ -> mul_; custom ops called directly)",
+        ),
+        "cuda_graph_rerecord_limit": Option(
+            CUDA_GRAPH_RERECORD_LIMIT,
+            positive_int,
+            "reduce-overhead on CUDA: how many times a graph is captured again because a "
+            "parameter or buffer is a new tensor (as cudagraph trees' "
+            "cudagraph_unexpected_rerecord_limit); past it, one warning and the graph runs on "
+            "streams without capture",
         ),
         "min_segment_ops": Option(
             2,

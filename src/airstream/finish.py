@@ -16,6 +16,7 @@ from airstream.fused import CompiledSegment
 from airstream.mode import resolve_mode
 from airstream.observers import CompiledGraph, CompileObserver
 from airstream.passes.manager import PassResult
+from airstream.runtime.capture_pool import CapturePool
 from airstream.runtime.codegen import Executor
 from airstream.runtime.select import choose_executor, cuda_device
 from airstream.schedule.fuse import fuse_streams
@@ -46,9 +47,11 @@ def finish_graph(
     results: tuple[PassResult, ...] = (),
     changed: bool = True,
     static_inputs: tuple[int, ...] | None = None,
+    capture_pool: CapturePool | None = None,
 ) -> Executor:
     """The rest of a graph's compile once its passes have run: its streams, the plan,
-    max-autotune's segments, the executor. A graph loaded from the compile cache starts here."""
+    max-autotune's segments, the executor. A graph loaded from the compile cache starts here.
+    ``capture_pool``: shared by the graphs of one compiled function (CUDA graphs' memory)."""
     single = config.ge_config.enable_single_stream
     streams = settled(gm, single, kind, changed)
     for note in streams.notes:
@@ -72,7 +75,9 @@ def finish_graph(
             plan = build_plan(gm, streams)
     _record_scopes(gm, streams)
     gm.recompile()  # once: gm.code shows the graph that runs (the executor has its own)
-    executor = choose_executor(gm, plan, kind, config, mode, device, static_inputs)
+    executor = choose_executor(
+        gm, plan, kind, config, mode, device, static_inputs, capture_pool=capture_pool
+    )
     observer.plan_built(kind, gm, streams, plan, executor.code)
     observer.graph_compiled(
         CompiledGraph(kind, gm, streams, plan, results, executor, segments, mode)

@@ -32,11 +32,13 @@ from airstream.observers import CompileObserver
 from airstream.ops.native import NativeStreams, attach_native_streams
 from airstream.passes.manager import PassManager
 from airstream.passes.tagged_events import lower_tagged_events
+from airstream.runtime.capture_pool import CapturePool
 from airstream.runtime.codegen import Executor
 from airstream.schedule.native import has_native_streams, lower_native_streams
 from airstream.streams import stream_analysis
 
 __all__ = ["GraphCompiler"]
+
 
 def _stream_labels(
     gm: torch.fx.GraphModule, *, single_stream: bool, graph_kind: str
@@ -54,6 +56,7 @@ class GraphCompiler:
         kind: str | None,
         observer: CompileObserver | None = None,
         native: NativeStreams | None = None,
+        capture_pool: CapturePool | None = None,
     ) -> None:
         if kind is not None and kind not in GRAPH_KINDS:
             raise ValueError(f"graph kind must be one of {GRAPH_KINDS}, got {kind!r}")
@@ -61,6 +64,8 @@ class GraphCompiler:
         self.kind = kind
         self.observer = observer
         self.native = native  # the Dynamo graph's streams and events, shared by its graphs
+        # the Dynamo graph's CUDA graph memory, shared by its graphs (forward and backward)
+        self.capture_pool = capture_pool
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Executor:
         torch_internals.require("core")
@@ -84,9 +89,10 @@ class GraphCompiler:
             lower_native_streams(gm, native, graph_kind=kind)
             changed = True
         saved = torch_internals.dump_graph(gm) if torch_internals.bundling_compile() else None
-        executor = finish_graph(gm, config, kind, observer, tuple(results), changed)
+        executor = finish_graph(
+            gm, config, kind, observer, tuple(results), changed, capture_pool=self.capture_pool
+        )
         if saved is not None:  # an ahead-of-time compile (airstream.cache_compile) saves it
             static = torch_internals.static_input_indices() if kind != "backward" else None
             return cached_graph(saved, config, kind, executor, static)
         return executor
-

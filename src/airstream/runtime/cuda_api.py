@@ -11,10 +11,15 @@ shared with everything else in the process). Two kinds are drawn here:
 
 - **label streams**, one per ``(device, label, priority)`` for the whole process: every graph's
   ``"side"`` work runs on one CUDA stream, as TorchAir's labels do;
-- **private streams**, per thread and device: the stream a capture runs on and the side streams
-  of any call issued while its caller's stream is capturing (airstream's capture or the user's
-  own). A stream joins a capture when it waits on the capture's work and stays in it until the
-  capture ends, so a stream another thread might use meanwhile must never join one.
+- **the capture stream**, one per device for the process: every airstream capture (and its
+  warm-up) runs on it, one at a time under :attr:`CudaApi.capture_lock`, so no other thread uses
+  it while a capture is on it; one stream, because the caching allocator reuses a pool's freed
+  block only on the stream that freed it (a forward and its backward share a pool:
+  :mod:`airstream.runtime.capture_pool`);
+- **private streams**, per thread and device: the side streams of any call issued while its
+  caller's stream is capturing (airstream's capture or the user's own). A stream joins a capture
+  when it waits on the capture's work and stays in it until the capture ends, so a stream another
+  thread might use meanwhile must never join one.
 
 Drawing more streams than the pool holds makes two of them the same CUDA stream: their work
 serializes. That is warned about once, naming what shares. The pool is the process's, so a
@@ -47,8 +52,10 @@ class CudaApi:
         self._lock = threading.Lock()
         self._local = threading.local()
         # One airstream capture at a time in the process: a capture clears the cached cuBLAS
-        # workspaces, which another capture in progress may have baked into its graph.
+        # workspaces, which another capture in progress may have baked into its graph; and every
+        # capture runs on the one capture stream of its device.
         self.capture_lock = threading.Lock()
+        self._capture_streams: dict[int, Any] = {}
 
     # --- streams and events ------------------------------------------------------------------
 
@@ -132,7 +139,7 @@ class CudaApi:
         """Drop the capture's use of ``pool`` (its memory returns once unused)."""
         torch_internals.release_pool(device, pool.id)
 
-    def abandon_capture(self, graph: Any, pool: Any, device: torch.device) -> None:
+    def abandon_capture(self, graph: Any, pool: Any, device: torch.device, uses: int) -> None:
         """Undo a capture that failed, leaving the stream, the allocator and the graph as if it
         had never started; called with the capture stream current.
 
@@ -144,8 +151,9 @@ class CudaApi:
         ones only that of one that did. So: end the capture, reset the graph, end the
         allocator's redirect (raises where torch did it already), and release the capture's
         use of the pool only if it still holds one; a second release would leave the pool's
-        use count below zero, and every later ``empty_cache`` would fail. The original error is
-        the one that counts: the undo steps' own errors are dropped.
+        use count below zero, and every later ``empty_cache`` would fail. ``uses``: the pool's
+        use count before the capture began (other graphs' captures into a shared pool hold theirs).
+        The original error is the one that counts: the undo steps' own errors are dropped.
         """
         index = _index(device)
         if self.capturing():
@@ -155,7 +163,7 @@ class CudaApi:
             graph.reset()
         with contextlib.suppress(Exception):
             self.end_allocate_to_pool(index, pool)
-        if pool.use_count() > 1:  # the capture's use is still held (the MemPool has its own)
+        if pool.use_count() > uses:  # the capture's use is still held
             with contextlib.suppress(Exception):
                 self.release_pool(index, pool)
 
@@ -176,8 +184,21 @@ class CudaApi:
                     stream = self._labels[key] = self._draw(device, priority, f"label {label!r}")
         return stream
 
+    def capture_stream(self, device: torch.device) -> Any:
+        """The stream every airstream capture on ``device`` runs on; use it only while holding
+        :attr:`capture_lock` (see the module doc)."""
+        index = _index(device)
+        stream = self._capture_streams.get(index)
+        if stream is None:
+            with self._lock:
+                stream = self._capture_streams.get(index)
+                if stream is None:
+                    stream = self._capture_streams[index] = self._draw(device, 0, "capture")
+        return stream
+
     def private_stream(self, device: torch.device, slot: str, priority: int = 0) -> Any:
-        """This thread's own stream ``slot`` on ``device`` (for captures; see the module doc)."""
+        """This thread's own stream ``slot`` on ``device`` (for calls issued into a capture; see
+        the module doc)."""
         streams: dict[tuple[int, str, int], Any] | None = getattr(self._local, "streams", None)
         if streams is None:
             streams = self._local.streams = {}

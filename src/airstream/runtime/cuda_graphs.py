@@ -10,41 +10,61 @@ next replay; an output that is a static input's memory (a returned weight, or a 
 returned as it is, as eager would. A replay is one opaque launch: profiling sees no per-op
 records for it (use ``mode="max-autotune"`` to profile streams).
 
+As in cudagraph trees:
+
+- **a forward and its backward share one memory pool** (:mod:`airstream.runtime.capture_pool`),
+  and their replays run one after the other;
+- **a static input that moves is captured again, up to a limit** (``rerecord_limit``: a module's
+  weights replaced by new tensors each call would otherwise capture on every call); past it, one
+  warning, and the graph runs on streams without capture;
+- **a graph that writes a parameter or buffer is captured** (a BatchNorm's running statistics,
+  a cache kept in a buffer): the replay writes the tensor itself; the warm-up runs that write on
+  copies, so each call writes once. A write to any other input keeps the graph from capture (the
+  replay reads such an input from the graph's copy of it).
+
 What makes it safe:
 
 - **what cannot be captured is not tried**: :func:`capture_blockers` reads the graph (symbolic or
-  data-dependent shapes, host reads such as ``.item()``, tensors off the GPU, two devices, input
-  mutation, random ops); a call made while the caller's own stream is capturing (the user's
-  ``torch.cuda.graph``) is issued into that capture instead;
+  data-dependent shapes, host reads such as ``.item()``, tensors off the GPU, two devices, writes
+  to inputs other than parameters and buffers, random ops); a call made while the caller's own
+  stream is capturing (the user's ``torch.cuda.graph``) is issued into that capture instead;
 - **a capture that fails anyway leaves nothing behind**: the stream, the device, the allocator's
-  capture state and the graph's memory pool are restored, a warning says why, and the graph runs
-  on streams without capture from then on;
-- **captures run one at a time in the process**, in thread-local capture mode, on this thread's
-  private streams, with cuBLAS workspaces cleared before and after (as torch's cudagraph trees
+  capture state and the pool's use count are restored, a warning says why, and the graph runs on
+  streams without capture from then on;
+- **captures run one at a time in the process**, in thread-local capture mode, on the device's
+  capture stream, with cuBLAS workspaces cleared before and after (as torch's cudagraph trees
   do);
 - **replays from callers on different streams are ordered**: each call's stream waits for the
-  previous replay and its output copies before overwriting the input buffers.
+  previous replay of any graph of its pool and that replay's output copies before it overwrites
+  the input buffers.
 """
 
 from __future__ import annotations
 
-import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from airstream.effects import effects
+from airstream.config import CUDA_GRAPH_RERECORD_LIMIT
+from airstream.effects import alias_classes, effects
 from airstream.nodes import describe
 from airstream.ops.native import NATIVE_HOST_SYNCS
+from airstream.runtime.capture_pool import CapturePool
 from airstream.runtime.cuda import CudaExecutor
 from airstream.runtime.native import NativeAround
 from airstream.torch_internals import data_ptrs_equal, foreach_copy
 
-__all__ = ["CaptureFailed", "CudaGraphExecutor", "capture_blockers", "copy_like"]
+__all__ = [
+    "CaptureFailed",
+    "CudaGraphExecutor",
+    "capture_blockers",
+    "copy_like",
+    "written_inputs",
+]
 
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
@@ -71,10 +91,34 @@ def _symbolic(val: Any) -> bool:
     return False
 
 
-def capture_blockers(gm: torch.fx.GraphModule) -> list[str]:
-    """Why ``gm`` cannot be captured into a CUDA graph (empty if it can)."""
+def written_inputs(gm: torch.fx.GraphModule) -> dict[int, torch.fx.Node]:
+    """The inputs ``gm`` writes in place (through a view of them too): input index -> the first
+    node writing it."""
+    classes = alias_classes(gm.graph)
+    index = {node: i for i, node in enumerate(gm.graph.find_nodes(op="placeholder"))}
+    written: dict[int, torch.fx.Node] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        for target in effects(node).writes:
+            i = index.get(classes.get(target, target))
+            if i is not None:
+                written.setdefault(i, node)
+    return written
+
+
+def capture_blockers(gm: torch.fx.GraphModule, static: Collection[int] = ()) -> list[str]:
+    """Why ``gm`` cannot be captured into a CUDA graph (empty if it can). ``static``: the indices
+    of the inputs that are parameters and buffers, which a captured graph may write."""
     reasons: list[str] = []
     devices: dict[torch.device, torch.fx.Node] = {}
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    for i, writer in written_inputs(gm).items():
+        if i not in static:
+            reasons.append(
+                f"{describe(writer)} writes input {placeholders[i].name}, which is not a "
+                "parameter or buffer (a replay reads such an input from the graph's own copy)"
+            )
     for node in gm.graph.nodes:
         if node.op == "output":
             continue
@@ -92,8 +136,6 @@ def capture_blockers(gm: torch.fx.GraphModule) -> list[str]:
             devices.setdefault(tensor.device, node)
         if node.op == "call_function":
             found = effects(node)
-            if found.mutates:
-                reasons.append(f"{name} mutates its input")
             if found.random:
                 reasons.append(f"{name} draws random numbers")
             if found.host_sync and node.target in NATIVE_HOST_SYNCS:
@@ -133,7 +175,9 @@ class CudaGraphExecutor:
     """Captures a CudaExecutor's call into a CUDA graph on first use, then replays it.
 
     If a static input is a different tensor than at capture (a module's weights replaced by new
-    tensors), the graph is captured again.
+    tensors), the graph is captured again, at most ``rerecord_limit`` times. ``pool``: the
+    memory pool and replay order shared with the other graphs of the same compiled function (a
+    pool of its own if None).
     """
 
     def __init__(
@@ -142,25 +186,30 @@ class CudaGraphExecutor:
         gm: torch.fx.GraphModule,
         static: Sequence[int] = (),
         warmup: int = 2,
+        pool: CapturePool | None = None,
+        rerecord_limit: int = CUDA_GRAPH_RERECORD_LIMIT,
     ) -> None:
         self._boxed_call = True
         self.inner = inner
         self.api = inner.api
         self.device = inner.device
-        self.blockers = capture_blockers(gm)
         self.static = frozenset(static)
+        self.blockers = capture_blockers(gm, self.static)
         self.warmup = warmup
+        self.pool = pool if pool is not None else CapturePool()
+        self.rerecord_limit = rerecord_limit
         self.captures = 0  # how many times a graph was captured (recaptures included)
+        self.rerecords = 0  # how many of those because a static input moved
+        self._names = [n.name for n in gm.graph.find_nodes(op="placeholder")]
+        # the parameters and buffers the graph writes: the warm-up writes copies of them
+        self._written = frozenset(written_inputs(gm)) & self.static
         self._graph: Any = None
-        self._pool: Any = None  # the graph's memory pool (a MemPool: lives as long as the graph)
         self._inputs: list[Any] = []  # per input: the static tensor itself, or our buffer
         self._copies: list[tuple[int, torch.Tensor]] = []  # (input index, buffer) to refresh
         self._addresses: list[int | None] = []  # per input: its data_ptr at capture if static
         self._static_indices: list[int] = []  # the static inputs' positions
         self._static_outputs: Any = None
         self._own: list[int] = []  # the outputs in the graph's memory (copied out per replay)
-        self._done: Any = None  # recorded after the last replay's output copies were issued
-        self._lock = threading.Lock()  # one set of buffers: calls replay one at a time
         self._around = NativeAround(gm)  # the user's events the call waits for and records
 
     @property
@@ -169,29 +218,33 @@ class CudaGraphExecutor:
         return str(self.inner.code)
 
     def _capture(self, args: Sequence[Any]) -> None:
-        """Warm up, then capture one call on this thread's private capture stream."""
+        """Warm up, then capture one call on the device's capture stream into the pool."""
         api, device = self.api, self.device
         caller = api.current_stream(device)
         inputs = [copy_like(a) if i not in self.static else a for i, a in enumerate(args)]
+        # a parameter or buffer the graph writes is written by the replay only, once per call
+        warm = [copy_like(a) if i in self._written else a for i, a in enumerate(inputs)]
         with api.capture_lock:
-            stream = api.private_stream(device, "capture")
+            stream = api.capture_stream(device)
             stream.wait_stream(caller)  # the input copies, and whatever made the inputs
             api.set_stream(stream)
             try:
                 for _ in range(self.warmup):  # a model error here is the caller's to see
-                    self.inner(list(inputs))
+                    self.inner(list(warm))
+                del warm
                 self.inner.side_streams(capturing=True)  # drawn now, not inside the capture
-                graph, pool = api.new_graph(), api.new_pool()
+                graph, memory = api.new_graph(), self.pool.memory(api, device)
+                uses = memory.use_count()
                 # The capture allocates its own cuBLAS workspace inside its pool: one cached
                 # by the warm-up (outside the pool) would be baked into the graph, then reused.
                 api.clear_cublas_workspaces()
                 try:
-                    api.capture_begin(graph, pool)
+                    api.capture_begin(graph, memory)
                     outputs = self.inner(list(inputs))
                     api.capture_end(graph)
                 except BaseException as error:
                     api.set_stream(stream)
-                    api.abandon_capture(graph, pool, device)
+                    api.abandon_capture(graph, memory, device, uses)
                     if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit
                         raise
                     raise CaptureFailed(f"{type(error).__name__}: {error}") from error
@@ -200,7 +253,7 @@ class CudaGraphExecutor:
             finally:
                 api.set_stream(caller)
                 caller.wait_stream(stream)  # replays come after the warm-up's work
-        self._graph, self._pool = graph, pool
+        self._graph = graph
         self._inputs, self._static_outputs = inputs, outputs
         self._copies = [
             (i, buffer)
@@ -219,7 +272,6 @@ class CudaGraphExecutor:
             for i, out in enumerate(outputs)
             if isinstance(out, torch.Tensor) and out.untyped_storage().data_ptr() not in weights
         ]
-        self._done = api.new_event()
         self.captures += 1
 
     def _moved(self, args: list[Any]) -> bool:
@@ -227,6 +279,34 @@ class CudaGraphExecutor:
         if not self._static_indices:
             return False
         return not data_ptrs_equal(args, self._addresses, self._static_indices)
+
+    def _drop(self) -> None:
+        """Let the captured graph and its memory go (the pool's replays are over: call with
+        :meth:`CapturePool.wait_idle` done); a capture after this reuses that memory."""
+        if self._graph is not None:
+            self._graph.reset()  # its use of the pool ends now, not when Python collects it
+        self._graph = self._static_outputs = None
+        self._inputs, self._copies = [], []
+
+    def _stop_capturing(self, args: list[Any]) -> None:
+        """The static inputs moved more than ``rerecord_limit`` times: warn once, then run on
+        streams without capture from now on."""
+        moved = next(
+            (i for i in self._static_indices if args[i].data_ptr() != self._addresses[i]), None
+        )
+        which = f"input {self._names[moved]}" if moved is not None else "a static input"
+        warnings.warn(
+            f"airstream: a parameter or buffer of this graph ({which}) was a new tensor at "
+            f"{self.rerecords} calls after the first capture, and the graph was captured into a "
+            "CUDA graph again at each, up to experimental_config.cuda_graph_rerecord_limit="
+            f"{self.rerecord_limit}; from now on it runs on streams without capture. Update "
+            "weights in place "
+            "(param.data.copy_(new), load_state_dict without assign=True) to keep the replay, "
+            "or raise the limit",
+            stacklevel=3,
+        )
+        self.blockers = [f"re-recorded {self.rerecords} times (rerecord limit reached)"]
+        self._drop()
 
     def _outputs(self) -> tuple[Any, ...]:
         """The replay's outputs: those in the graph's memory copied out (one batched copy; an
@@ -248,14 +328,22 @@ class CudaGraphExecutor:
     def __call__(self, args: list[Any]) -> Any:
         if self.blockers:
             return self.inner(args)
-        api = self.api
-        with api.device(self.device):
+        api, device, pool = self.api, self.device, self.pool
+        with api.device(device):
             if api.capturing():  # inside the caller's own capture: issue into it
                 return self.inner(args)
-            with self._lock:
-                if self._graph is None or self._moved(args):
-                    if self._done is not None:  # a replay still running reads the old buffers
-                        self._done.synchronize()
+            with pool.lock:  # one set of buffers, one pool: its graphs replay one at a time
+                if self.blockers:  # another caller reached the rerecord limit meanwhile
+                    return self.inner(args)
+                moved = self._graph is not None and self._moved(args)
+                if self._graph is None or moved:
+                    pool.wait_idle(device)  # a replay still running uses the old memory
+                    if moved:
+                        self.rerecords += 1
+                        if self.rerecords > self.rerecord_limit:
+                            self._stop_capturing(args)
+                            return self.inner(args)
+                        self._drop()  # before the capture: it may reuse the old graph's memory
                     try:
                         self._capture(args)
                     except CaptureFailed as failure:
@@ -267,10 +355,11 @@ class CudaGraphExecutor:
                         )
                         self.blockers = [f"capture failed: {failure}"]
                         return self.inner(args)
-                stream = api.current_stream(self.device)
-                # The last replay may have been issued on another caller's stream: its reads of
-                # the input buffers and its output copies come before this call's input copies.
-                stream.wait_event(self._done)
+                stream = api.current_stream(device)
+                # The last replay of the pool may have been issued on another caller's stream:
+                # its reads of the input buffers and its output copies come before this call's
+                # input copies.
+                pool.after_last(stream, device)
                 # the inputs that change, in one batched copy; weights are read in place
                 foreach_copy([b for _, b in self._copies], [args[i] for i, _ in self._copies])
                 args.clear()
@@ -281,5 +370,5 @@ class CudaGraphExecutor:
                 outputs = self._outputs()
                 if native is not None:
                     self._around.after(native, stream)
-                self._done.record(stream)
+                pool.mark_done(api, stream, device)
                 return outputs

@@ -10,6 +10,7 @@ from airstream import torch_internals
 from airstream.config import CompilerConfig
 from airstream.openmp import openmp
 from airstream.ops.native import native_streams_of
+from airstream.runtime.capture_pool import CapturePool
 from airstream.runtime.codegen import Executor
 from airstream.runtime.cpu import CpuExecutor
 from airstream.runtime.cuda import CudaExecutor
@@ -39,12 +40,14 @@ def choose_executor(
     mode: str,
     device: torch.device | None,
     static_inputs: tuple[int, ...] | None = None,
+    capture_pool: CapturePool | None = None,
 ) -> Executor:
     """Node by node for data_dump; serial for run_eagerly; CUDA streams on a CUDA ``device``
     (captured as CUDA graphs in ``mode`` reduce-overhead, the mode the graph compiles in);
     threads on CPU. A CPU graph with nothing off the main stream runs serially: no thread to
     hand off to. ``static_inputs``: the parameter and buffer inputs, where the caller knows
-    them (a graph loaded from the compile cache); else AOTAutograd says."""
+    them (a graph loaded from the compile cache); else AOTAutograd says. ``capture_pool``:
+    the CUDA graph memory pool the graph shares with the others of its compiled function."""
     dump = config.debug.data_dump
     if dump.type is not None:
         return DataDumpExecutor(gm, dump.path, dump.filter)
@@ -60,7 +63,13 @@ def choose_executor(
             static = static_inputs
             if static is None and kind != "backward":
                 static = torch_internals.static_input_indices()
-            return CudaGraphExecutor(executor, gm, static or ())
+            return CudaGraphExecutor(
+                executor,
+                gm,
+                static or (),
+                pool=capture_pool,
+                rerecord_limit=config.experimental_config.cuda_graph_rerecord_limit,
+            )
         return executor
     if not any(s.runs for s in plan.side_streams):
         return SerialExecutor(gm, plan)
