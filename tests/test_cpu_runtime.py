@@ -351,10 +351,12 @@ def test_the_main_stream_gets_every_thread_back_where_no_other_stream_works() ->
 
 
 def test_an_op_beside_a_side_stream_takes_every_thread_when_none_works() -> None:
-    from airstream.runtime.events import CallState, Events
+    from airstream.runtime.call import Call
+    from airstream.runtime.handoff import LockFlag
     from airstream.runtime.threads import Threads
 
-    state = CallState([], Events(None), caller_threads=2, sides=2)
+    state = Call(LockFlag, events=0, sides=2, slots=0)
+    state.start(caller_threads=2)
     used: list[int] = []
     threads = Threads(1, used.append)  # records MKL's count as it is set
     before = torch.get_num_threads()
@@ -372,8 +374,9 @@ def test_an_op_beside_a_side_stream_takes_every_thread_when_none_works() -> None
 
 @pytest.mark.parametrize("team", [True, False], ids=["openmp team", "workers"])
 def test_a_calls_events_state_and_slots_are_made_once_and_reused(team: bool) -> None:
-    """A call takes its objects from the executor's free list and gives them back; one that
-    fails drops them (a side stream may still hold them); concurrent calls never share one."""
+    """A call takes its context from the executor's free list and gives it back, whatever the
+    handoff (flags or locks); one that fails drops it (a side stream may still set its last
+    event); concurrent calls never share one."""
 
     class _Checked(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -388,8 +391,6 @@ def test_a_calls_events_state_and_slots_are_made_once_and_reused(team: bool) -> 
     compiled(x)
     executor = graph_of(backend, "inference").executor
     assert isinstance(executor, CpuExecutor)
-    if not executor._reuse:
-        pytest.skip("locks, not flags: nothing to reuse")
     (objects,) = executor._free
     for _ in range(3):
         assert_same(compiled(x), x.sin() + x.cos())
@@ -418,16 +419,17 @@ def test_a_record_after_another_stream_failed_the_call_is_no_second_failure(trac
     """With the lock handoff, a call that fails sets (releases) every event; a stream still
     running then records one of them: that is no error of its own."""
     from airstream.runtime import events
+    from airstream.runtime.call import Aborted, Call
+    from airstream.runtime.handoff import LockFlag
     from airstream.runtime.trace import CallTrace
 
-    kind = events.Events(None)  # locks
-    objects = events.CallObjects(kind, 2, 1, 0, 1)
-    state = objects.state
-    state.fail(ValueError("the side stream's op"), "node 'x' on stream s1")
+    call = Call(LockFlag, events=2, sides=1, slots=0)  # locks
+    call.start(caller_threads=1)
+    call.fail(ValueError("the side stream's op"), "node 'x' on stream s1")
     if traced:
-        events.record_traced(objects.events, 0, CallTrace().stream("s1"))
+        events.record_traced(call.events, 0, CallTrace().stream("s1"))
     else:
-        events.record(objects.events, 0)  # raised "release unlocked lock" before
-    with pytest.raises(events.Aborted):  # its next wait sees the failed call
-        events.wait(objects.events, 1, state)
-    assert isinstance(state.error, ValueError) and state.where == "node 'x' on stream s1"
+        events.record(call.events, 0)  # raised "release unlocked lock" before
+    with pytest.raises(Aborted):  # its next wait sees the failed call
+        events.wait(call.events, 1, call)
+    assert isinstance(call.error, ValueError) and call.where == "node 'x' on stream s1"

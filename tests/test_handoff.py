@@ -15,17 +15,26 @@ import airstream
 from airstream.runtime import cpu, handoff
 
 Flag = handoff.flag_type()
-needs_flag = pytest.mark.skipif(Flag is None, reason="the handoff extension could not be built")
+needs_flag = pytest.mark.skipif(
+    not handoff.spins(), reason="the handoff extension could not be built"
+)
 
 
-@needs_flag
-def test_a_flag_wakes_a_spinning_and_a_sleeping_waiter() -> None:
+@pytest.mark.parametrize(
+    "kind",
+    [pytest.param("spinning", marks=needs_flag), "lock"],
+)
+def test_a_flag_wakes_a_spinning_and_a_sleeping_waiter(kind: str) -> None:
+    """Both kinds of flag, the extension's and the lock fallback, behave alike: a waiter passes
+    once the flag is set, a set flag is set again without error, clear makes it wait again."""
+    made = Flag if kind == "spinning" else handoff.LockFlag
+
     def wait(flag: object, spin_ns: int, woke: list[int]) -> None:
         flag.wait(spin_ns)  # type: ignore[attr-defined]
         woke.append(1)
 
     for spin_ns in (10**9, 0):  # spins the whole time / sleeps at once
-        flag, woke = Flag(), []
+        flag, woke = made(), []
         waiter = threading.Thread(target=wait, args=(flag, spin_ns, woke))
         waiter.start()
         time.sleep(0.05)
@@ -34,6 +43,7 @@ def test_a_flag_wakes_a_spinning_and_a_sleeping_waiter() -> None:
         waiter.join(5)
         assert woke == [1] and flag.is_set()
         flag.wait(0)  # set: returns at once
+        flag.set()  # set again: no error (a failed call sets every event)
         flag.clear()
         assert not flag.is_set()
 
@@ -62,7 +72,7 @@ def test_no_compiler_means_locks_with_one_warning(
     _forget()
     try:
         with pytest.warns(RuntimeWarning, match="hand off with locks"):
-            assert handoff.flag_type() is None
+            assert handoff.flag_type() is handoff.LockFlag and not handoff.spins()
     finally:
         _forget()
 
@@ -71,11 +81,11 @@ def test_locks_and_threads_can_be_chosen(monkeypatch: pytest.MonkeyPatch) -> Non
     try:
         monkeypatch.setenv("AIRSTREAM_HANDOFF", "locks")
         _forget()
-        assert handoff.flag_type() is None and handoff.team_runner() is None
+        assert handoff.flag_type() is handoff.LockFlag and handoff.team_runner() is None
         monkeypatch.setenv("AIRSTREAM_HANDOFF", "threads")
         _forget()
         assert handoff.team_runner() is None
-        assert (handoff.flag_type() is None) == (Flag is None)
+        assert handoff.flag_type() is Flag
     finally:
         monkeypatch.delenv("AIRSTREAM_HANDOFF")
         _forget()
@@ -93,14 +103,14 @@ class _Three(torch.nn.Module):
 def _choose(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Run side streams on the OpenMP team (``team``), on workers with flags (``flags``) or on
     workers with locks (``locks``); skip where this machine lacks the kind."""
-    if kind != "locks" and Flag is None:
+    if kind != "locks" and not handoff.spins():
         pytest.skip("the handoff extension could not be built")
     if kind == "team" and cpu.team_runner() is None:
         pytest.skip("no OpenMP team here (torch is not on GNU OpenMP)")
     if kind != "team":
         monkeypatch.setattr(cpu, "team_runner", lambda: None)
     if kind == "locks":
-        monkeypatch.setattr(cpu, "flag_type", lambda: None)
+        monkeypatch.setattr(cpu, "flag_type", lambda: handoff.LockFlag)
 
 
 @pytest.mark.parametrize("kind", ["team", "flags", "locks"])
@@ -118,9 +128,8 @@ def test_every_handoff_runs_a_call_and_its_failure(
     assert isinstance(executor, cpu.CpuExecutor)
     sides = {str(stream.label): stream for _, stream in executor.sides}
     assert set(sides) == {"hand_a", "hand_b"}
-    # with flags, each side stream's last record is left to its worker (after the GIL is free)
-    finals = [stream.final_event for stream in sides.values()]
-    assert all(f is not None for f in finals) if kind != "locks" else finals == [None, None]
+    # each side stream's last record is left to its worker (after the GIL is free, with flags)
+    assert all(stream.final_event is not None for stream in sides.values())
     assert executor.side_threads == ("openmp team" if kind == "team" else "workers")
     with airstream.profile() as prof:  # traced code keeps every record
         assert_same(compiled(x), model(x))

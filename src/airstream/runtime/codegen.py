@@ -34,6 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch.fx
 
+from airstream import torch_internals
 from airstream.effects import data_inputs
 from airstream.layouts import same_layout_as
 from airstream.nodes import describe, segment_of
@@ -180,15 +181,12 @@ class GeneratedCode:
 
     def failed_node(self, error: BaseException) -> torch.fx.Node | None:
         """The graph node whose op raised ``error`` in this function, if one did."""
-        # FX keeps a map from generated-code line (counted from the prologue) to node index.
-        lineno_map = getattr(self.module, "_lineno_map", None) or {}
-        prologue = getattr(self.module, "_prologue_start", 0)
         filename = self.module.forward.__code__.co_filename
         tb = error.__traceback__
         node = None
         while tb is not None:
             if tb.tb_frame.f_code.co_filename == filename:
-                index = lineno_map.get(tb.tb_lineno - prologue)
+                index = torch_internals.generated_node_index(self.module, tb.tb_lineno)
                 if index is not None and index < len(self.nodes):
                     node = self.sources.get(self.nodes[index], node)
             tb = tb.tb_next
@@ -230,6 +228,78 @@ def _reads_token(node: torch.fx.Node) -> bool:
     return any(node in data_inputs(user) for user in node.users)
 
 
+class _Writer:
+    """The function :func:`generate` is writing: its graph, the value of each node on each
+    stream so far, and the hooks that say what crossing streams means."""
+
+    def __init__(self, inputs: Mapping[torch.fx.Node, int], hooks: Hooks, traced: bool) -> None:
+        self.graph = graph = torch.fx.Graph()
+        self.hooks = hooks
+        inputs_param = graph.placeholder("inputs")
+        params = {p: graph.placeholder(p) for p in hooks.params}
+        self.traces = graph.placeholder("traces") if traced else None
+        self.env: dict[torch.fx.Node, torch.fx.Node] = {}
+        self.sources: dict[torch.fx.Node, torch.fx.Node] = {}  # generated -> the node it runs
+        self.used: set[tuple[torch.fx.Node, Label]] = set()
+        self.trace_of: dict[Label, torch.fx.Node] = {}
+        self.current: Label | int = -1  # the stream selected last (none yet)
+        # Unpack every input this function reads, then let go of the caller's list.
+        for node, index in sorted(inputs.items(), key=lambda item: item[1]):
+            self.env[node] = graph.call_function(operator.getitem, (inputs_param, index))
+        graph.call_function(_clear, (inputs_param,))
+        self.b = Builder(graph, params, self.trace_for)
+
+    def value(self, node: torch.fx.Node, on: Label) -> torch.fx.Node:
+        """``node``'s value on stream ``on`` (fetched from another stream on first need)."""
+        env = self.env
+        if node not in env:
+            if node.op == "get_attr":
+                env[node] = self.graph.get_attr(str(node.target))
+            else:
+                env[node] = self.hooks.fetch(self.b, node, on)
+        if (node, on) not in self.used and node.op != "get_attr":
+            self.used.add((node, on))
+            self.hooks.first_use(self.b, node, on, env[node])
+        return env[node]
+
+    def trace_for(self, on: Label) -> torch.fx.Node | None:
+        """The StreamTrace of ``on`` in traced code, else None."""
+        if self.traces is None:
+            return None
+        if on not in self.trace_of:
+            self.trace_of[on] = self.graph.call_function(operator.getitem, (self.traces, on))
+        return self.trace_of[on]
+
+    def run(self, on: Label, node: torch.fx.Node) -> None:
+        """Issue ``node`` on stream ``on``."""
+        hooks, b = self.hooks, self.b
+        read = functools.partial(_read, self, on)
+        if node.target is wait_tensor and _passes_through(node):
+            (waited,) = data_inputs(node)
+            self.env[node] = read(waited)  # identity: only the ordering mattered
+        elif node.target is record and not _reads_token(node):
+            return  # an event position: nothing to compute
+        elif node.target in NATIVE_OPS and (issued := hooks.native(b, on, node, read)) is not None:
+            self.env[node] = issued
+        else:
+            if self.current != on:  # switch streams only to issue an op
+                hooks.switch(b, on)
+                self.current = on
+            hooks.before_op(b, on, node)
+            if node.target is wait_tensor:  # a copy in the layout its readers expect
+                (waited,) = data_inputs(node)
+                new = emit_op(self.graph, node, read, self.trace_for(on), _COPY, (waited,))
+            else:
+                new = emit_op(self.graph, node, read, self.trace_for(on))
+            self.sources[new] = node
+            self.env[node] = new
+        hooks.produced(b, node, on, self.env[node])
+
+
+def _read(writer: _Writer, on: Label, node: torch.fx.Node) -> torch.fx.Node:
+    return writer.value(node, on)
+
+
 def generate(
     gm: torch.fx.GraphModule,
     steps: Sequence[tuple[Label, Step]],
@@ -248,86 +318,25 @@ def generate(
     None. ``traced``: take a last parameter ``traces`` (stream label -> StreamTrace) and bracket
     every op. ``label`` names the stream in error locations (one-stream functions).
     """
-    graph = torch.fx.Graph()
-    inputs_param = graph.placeholder("inputs")
-    params = {p: graph.placeholder(p) for p in hooks.params}
-    traces = graph.placeholder("traces") if traced else None
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    sources: dict[torch.fx.Node, torch.fx.Node] = {}
-    used: set[tuple[torch.fx.Node, Label]] = set()
-    trace_of: dict[Label, torch.fx.Node] = {}
-
-    # Unpack every input this function reads, then let go of the caller's list.
-    for node, index in sorted(inputs.items(), key=lambda item: item[1]):
-        env[node] = graph.call_function(operator.getitem, (inputs_param, index))
-    graph.call_function(_clear, (inputs_param,))
-
-    def value(node: torch.fx.Node, on: Label) -> torch.fx.Node:
-        if node not in env:
-            if node.op == "get_attr":
-                env[node] = graph.get_attr(str(node.target))
-            else:
-                env[node] = hooks.fetch(b, node, on)
-        if (node, on) not in used and node.op != "get_attr":
-            used.add((node, on))
-            hooks.first_use(b, node, on, env[node])
-        return env[node]
-
-    def trace_for(on: Label) -> torch.fx.Node | None:
-        if traces is None:
-            return None
-        if on not in trace_of:
-            trace_of[on] = graph.call_function(operator.getitem, (traces, on))
-        return trace_of[on]
-
-    def _on_stream(on: Label, n: torch.fx.Node) -> torch.fx.Node:
-        return value(n, on)
-
-    b = Builder(graph, params, trace_for)
-    hooks.begin(b)
-    current: list[Label | int] = [-1]  # no stream selected yet
+    writer = _Writer(inputs, hooks, traced)
+    hooks.begin(writer.b)
     for on, step in steps:
         if isinstance(step, Run):
-            node = step.node
-            if node.target is wait_tensor and _passes_through(node):
-                (waited,) = data_inputs(node)
-                env[node] = value(waited, on)  # identity: only the ordering mattered
-            elif node.target is record and not _reads_token(node):
-                continue  # an event position: nothing to compute
-            elif node.target in NATIVE_OPS and (
-                (issued := hooks.native(b, on, node, functools.partial(_on_stream, on))) is not None
-            ):
-                env[node] = issued
-            else:
-                if current[0] != on:  # switch streams only to issue an op
-                    hooks.switch(b, on)
-                    current[0] = on
-                hooks.before_op(b, on, node)
-
-                def read(n: torch.fx.Node, on: Label = on) -> torch.fx.Node:
-                    return value(n, on)
-
-                if node.target is wait_tensor:  # a copy in the layout its readers expect
-                    (waited,) = data_inputs(node)
-                    new = emit_op(graph, node, read, trace_for(on), _COPY, (waited,))
-                else:
-                    new = emit_op(graph, node, read, trace_for(on))
-                sources[new] = node
-                env[node] = new
-            hooks.produced(b, node, on, env[node])
+            writer.run(on, step.node)
         elif isinstance(step, Record):
-            hooks.record(b, on, step.event)
+            hooks.record(writer.b, on, step.event)
         elif isinstance(step, Wait):
-            hooks.wait(b, on, step.event)
-    hooks.end(b)
+            hooks.wait(writer.b, on, step.event)
+    hooks.end(writer.b)
+    graph = writer.graph
     if returns:
         output = next(iter(gm.graph.find_nodes(op="output")))
-        graph.output(torch.fx.map_arg(output.args[0], lambda n: value(n, None)))
+        graph.output(torch.fx.map_arg(output.args[0], lambda n: writer.value(n, None)))
     else:
         graph.output(None)
     suffix = "Traced" if traced else ""
     module = torch.fx.GraphModule(gm, graph, class_name=f"{_ident(name)}{suffix}")
-    return GeneratedCode(label, module, module.forward, tuple(module.graph.nodes), sources)
+    return GeneratedCode(label, module, module.forward, tuple(module.graph.nodes), writer.sources)
 
 
 def inputs_read(

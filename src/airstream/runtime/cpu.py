@@ -12,19 +12,20 @@ at that moment (``runtime/threads.py``). A graph whose main stream has big ops r
 streams on worker threads; the caller's OpenMP team (below) serves the others, since inside the team
 every op runs on one thread.
 
-Every stream's steps become one generated function (``runtime/codegen.py``): a record sets a
-per-call event, a wait waits for it. Events are spinning flags (``runtime/handoff.py``: a waiter
-spins briefly without the GIL, then sleeps) where that extension is available, else locks. With
-flags, a side stream's last record (the one the caller's join waits for) is set by its worker
-after it lets go of the GIL, so the caller resumes without waiting for the GIL.
+Every stream's steps become one generated function (``runtime/stream_code.py``): a record sets a
+per-call event, a wait waits for it. Events are flags (``runtime/handoff.py``: a waiter spins
+briefly without the GIL, then sleeps, where the extension is built; else a lock with the same
+interface). A side stream's last record (the one the caller's join waits for) is set by its
+worker after it lets go of the GIL, so the caller resumes without waiting for the GIL.
 
 The caller hands each stream the inputs it reads and empties its own argument list; a value one
 stream makes and another reads goes through a per-call slot of its own for every (value, reading
 stream) pair, which the reader empties when it first reads it: nothing the call computes
-outlives its last use on any stream. A call costs one handoff per side
-stream, not one per op. A call's events, state and slots (:class:`CallObjects`) are made once
-and reset for a later call, where they are flags and no thread of the call can touch them after
-it returns (locks, made held, are made per call; a failed call's objects are dropped).
+outlives its last use on any stream. A call costs one handoff per side stream, not one per op.
+A call's context (``runtime/call.py``: events, slots, failure, threads) is made once and reset
+for every later call: no thread of a call touches it after the call returns (the join, or a
+wait for a side stream's done flag where no join covers its last step, saw to that). A failed
+call's is dropped.
 
 Each side stream runs under the caller's thread-local torch state, captured once per call
 (``runtime/thread_state.py``: grad and inference mode, autocast, torch function and dispatch
@@ -41,35 +42,26 @@ exception, with a note naming the node and the stream. The next call starts clea
 
 from __future__ import annotations
 
-import operator
 import threading
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.fx
 
 from airstream.openmp import release_idle_threads, set_intra_op_threads
-from airstream.runtime import events as ev
-from airstream.runtime.codegen import (
-    Builder,
-    GeneratedCode,
-    Hooks,
-    Label,
-    LazyTraced,
-    generate,
-    inputs_read,
-)
-from airstream.runtime.events import Aborted, CallObjects, CallState, Events
-from airstream.runtime.handoff import flag_type, team_runner
+from airstream.runtime.call import Aborted, Call
+from airstream.runtime.codegen import GeneratedCode
+from airstream.runtime.handoff import SPIN_NS, flag_type, team_runner
 from airstream.runtime.serial import SerialExecutor
-from airstream.runtime.slots import Handover, picker, take
-from airstream.runtime.thread_state import carrier
-from airstream.runtime.threads import Switching, idle, wake, working
+from airstream.runtime.slots import Handover
+from airstream.runtime.stream_code import StreamCode
+from airstream.runtime.thread_state import CallerState, carrier, run_as_caller
+from airstream.runtime.threads import Switching
 from airstream.runtime.trace import CallTrace, tracing_wanted
-from airstream.runtime.workers import StreamWorker, submit_all, worker_for
-from airstream.schedule.plan import Record, StreamPlan, StreamSteps
-from airstream.torch_internals import mkl_thread_setter, require, set_grad_enabled
+from airstream.runtime.workers import Job, StreamWorker, submit_all, worker_for
+from airstream.schedule.plan import StreamPlan
+from airstream.torch_internals import mkl_thread_setter, require
 
 __all__ = ["CpuExecutor"]
 
@@ -85,122 +77,6 @@ def _name_team_thread() -> None:
 # Whether this thread is running a stream of a call (its main stream, or a side stream's job):
 # per thread, so the hot path reads no shared state.
 _inside = threading.local()
-
-
-class _CallerState(NamedTuple):
-    """The thread state a call's side streams run under: the caller's whole torch thread-local
-    state (``state``, from the thread-state extension), or where that is unavailable its grad
-    and inference mode."""
-
-    state: Any
-    grad: bool
-    inference: bool
-
-
-class _StreamHooks(Hooks):
-    params = ("slots", "events", "state")
-
-    def __init__(
-        self,
-        handover: Handover,
-        flags: bool,
-        switching: Switching | None = None,
-        side: int | None = None,
-    ) -> None:
-        self.handover = handover
-        self.flags = flags
-        self.switching = switching  # None: every stream keeps threads_per_stream for the call
-        self.side = side  # a side stream's index in the call's ``working`` flags
-        self._alone = False  # the call starts the main stream on its shared threads
-
-    def before_op(self, b: Builder, label: Label, node: torch.fx.Node) -> None:
-        switching = self.switching
-        alone = switching.plan.get(node) if switching is not None and label is None else None
-        if switching is None or alone is None:
-            return  # an op whose threads do not matter runs on whatever count is set
-        if alone:
-            if not self._alone:  # once per run of such ops
-                b.call(switching.threads.alone, b.params["state"])
-                self._alone = True
-        else:
-            b.call(switching.threads.now, b.params["state"])
-            self._alone = False
-
-    def record(self, b: Builder, label: Label, event: int) -> None:
-        trace = b.trace(label)
-        events = b.params["events"]
-        woken = self.switching.waiters.get(event) if self.switching is not None else None
-        if woken:
-            b.call(wake, b.params["state"], woken)
-        if trace is None:
-            b.call(ev.record_flag if self.flags else ev.record, events, event)
-        else:
-            b.call(ev.record_flag_traced if self.flags else ev.record_traced, events, event, trace)
-
-    def wait(self, b: Builder, label: Label, event: int) -> None:
-        trace = b.trace(label)
-        events, state = b.params["events"], b.params["state"]
-        counted = self.switching is not None and self.side is not None
-        if counted:  # the main stream may take every thread while this one waits
-            b.call(idle, state, self.side)
-        if trace is None:
-            b.call(ev.wait_flag if self.flags else ev.wait, events, event, state)
-        else:
-            b.call(
-                ev.wait_flag_traced if self.flags else ev.wait_traced, events, event, state, trace
-            )
-        if counted:
-            b.call(working, state, self.side)
-
-    def fetch(self, b: Builder, node: torch.fx.Node, label: Label) -> torch.fx.Node:
-        return b.call(take, b.params["slots"], self.handover.slot[(node, label)])
-
-    def produced(self, b: Builder, node: torch.fx.Node, label: Label, value: torch.fx.Node) -> None:
-        for reader in self.handover.readers.get(node, ()):
-            slot = self.handover.slot[(node, reader)]
-            b.call(operator.setitem, b.params["slots"], slot, value)
-
-
-class _Stream:
-    """One stream's generated code (plain, and traced on first need) and the inputs it reads.
-
-    With flags, a side stream whose last step is a record leaves that record out of its plain
-    code: ``final_event`` names it, and the worker sets it once it has let go of the GIL."""
-
-    def __init__(
-        self,
-        gm: torch.fx.GraphModule,
-        program: StreamSteps,
-        handover: Handover,
-        main: bool,
-        flags: bool,
-        switching: Switching | None = None,
-        side: int | None = None,
-    ) -> None:
-        self.label = program.label
-        steps = [(program.label, step) for step in program.steps]
-        reads = inputs_read(gm, steps, returns=main)
-        self.pick = picker(list(reads.values()))
-        own = {n: i for i, n in enumerate(reads)}
-        name = f"AirstreamStream_{'main' if main else program.label}"  # generate() sanitizes
-        last = program.steps[-1] if program.steps else None
-        self.final_event = last.event if flags and not main and isinstance(last, Record) else None
-        plain = steps[:-1] if self.final_event is not None else steps
-
-        def build(traced: bool) -> GeneratedCode:
-            return generate(
-                gm,
-                steps if traced else plain,
-                inputs=own,
-                hooks=_StreamHooks(handover, flags, switching, side),
-                returns=main,
-                traced=traced,
-                name=name,
-                label=program.label,
-            )
-
-        self.code = build(traced=False)
-        self.traced = LazyTraced(lambda: build(traced=True))
 
 
 class CpuExecutor:
@@ -220,63 +96,37 @@ class CpuExecutor:
         self.plan = plan
         self.threads_per_stream = threads_per_stream
         self.release_openmp_threads = release_openmp_threads
-        self._events = Events(flag_type())
-        flags = self._events.flag is not None
+        self._flag = flag_type()
         handover = Handover(gm, plan)
         self._num_slots = len(handover.slot)
         self._num_events = max((s.event for s in plan.syncs), default=-1) + 1
         sides = [s for s in plan.side_streams if s.runs]
-        # MKL's own per-thread count, for the worker-thread path
-        self._mkl = None
+        self._mkl = None  # MKL's own per-thread count, for the worker-thread path
         if sides:
             require("cpu-streams")
             self._mkl = mkl_thread_setter()
         # The main stream's ops get the caller's threads back where no other stream works.
         switching = Switching.of(plan, sides, threads_per_stream, self._mkl)
         self.thread_plan = dict(switching.plan) if switching is not None else {}
+        self.main = StreamCode(gm, plan.stream(None), handover, True, switching)
+        self.sides: tuple[tuple[StreamWorker, StreamCode], ...] = tuple(
+            (worker_for(str(s.label)), StreamCode(gm, s, handover, False, switching, i))
+            for i, s in enumerate(sides)
+        )
         # One thread per stream on the caller's OpenMP team, where streams run one intra-op
         # thread each (inside a parallel region every torch op runs on its one thread) and the
         # main stream has no step to run alone on more.
-        wanted = openmp_team and flags and threads_per_stream == 1 and switching is None
-        team = team_runner() if wanted else None
-        self.main = _Stream(gm, plan.stream(None), handover, True, flags, switching)
-        self.sides: tuple[tuple[StreamWorker, _Stream], ...] = tuple(
-            (worker_for(str(s.label)), _Stream(gm, s, handover, False, flags, switching, i))
-            for i, s in enumerate(sides)
-        )
-        self._team = team if self.sides else None
+        wanted = openmp_team and threads_per_stream == 1 and switching is None and self.sides
+        self._team = team_runner() if wanted else None
         # Side streams run under the caller's thread-local state (runtime/thread_state.py).
         self._carrier = carrier() if self.sides else None
-        # Each call's objects, reused by later calls where they are spinning flags (locks are
-        # made held: a used one cannot be reset) and no thread can touch them after the call
-        # (see __call__). One per concurrent call: a caller takes one, and gives it back.
-        self._reuse = flags
-        self._ends_with_records = all(stream.final_event is not None for _, stream in self.sides)
-        self._free: list[CallObjects] = []
+        # The side streams whose last step no join waits for: the caller waits for their end.
+        self._unjoined = tuple(i for i, (_, s) in enumerate(self.sides) if s.final_event is None)
+        # Each call's context, reused by later calls; one per concurrent call: a caller takes
+        # one, and gives it back (list.pop and append are atomic).
+        self._free: list[Call] = []
         self._gm = gm
         self._serial: SerialExecutor | None = None
-
-    def _nested(self) -> SerialExecutor:
-        """This graph on one thread, for a call made from inside another call's stream."""
-        if self._serial is None:
-            self._serial = SerialExecutor(self._gm, self.plan)
-        return self._serial
-
-    def _call_objects(self, caller_threads: int) -> CallObjects:
-        """A free call's objects, reset, or new ones (list.pop is atomic: concurrent callers
-        never share one)."""
-        try:
-            objects = self._free.pop()
-        except IndexError:
-            return CallObjects(
-                self._events,
-                self._num_events,
-                len(self.sides),
-                self._num_slots,
-                caller_threads,
-            )
-        objects.reset(caller_threads)
-        return objects
 
     @property
     def code(self) -> str:
@@ -291,59 +141,20 @@ class CpuExecutor:
         form one) or ``"workers"`` (a worker thread per stream)."""
         return "openmp team" if self._team is not None else "workers"
 
-    def _job(
-        self,
-        code: GeneratedCode,
-        inputs: list[Any],
-        slots: list[Any],
-        state: CallState,
-        done: Any,
-        caller: _CallerState,
-        trace: CallTrace | None,
-        final: Any,
-        threads: int | None,
-        side: int,
-    ) -> Callable[[], Any]:
-        """The side stream's job for one call; it returns ``final`` (the event of its last
-        record, left out of its code) for its thread to set after letting go of the GIL.
-        ``caller``: the thread state it runs under. ``threads``: the intra-op threads to run
-        with (``None`` inside a parallel region, where every torch op runs on its one thread)."""
-        kind = self._events
-        mkl = self._mkl
-        carrier = self._carrier
+    def _nested(self) -> SerialExecutor:
+        """This graph on one thread, for a call made from inside another call's stream."""
+        if self._serial is None:
+            self._serial = SerialExecutor(self._gm, self.plan)
+        return self._serial
 
-        def job() -> Any:
-            _inside.call = True
-            try:
-                if threads is not None:
-                    set_intra_op_threads(threads)
-                    if mkl is not None:
-                        mkl(threads)
-                args: tuple[Any, ...] = (inputs, slots, state.events, state)
-                if trace is not None:
-                    if threads is None:
-                        _name_team_thread()
-                    args = (*args, {code.label: trace.stream(code.label)})
-                if carrier is not None:  # under the caller's whole thread-local state
-                    carrier.run(caller.state, code.fn, *args)
-                else:  # grad and inference mode, each per thread: follow the caller
-                    set_grad_enabled(caller.grad)
-                    if caller.inference:
-                        with torch.inference_mode():
-                            code.fn(*args)
-                    else:
-                        code.fn(*args)
-            except Aborted:
-                pass
-            except BaseException as error:  # handed to the caller
-                state.fail(error, code.locate(error))
-            finally:
-                _inside.call = False
-                state.working[side] = False  # the main stream may take every thread now
-                kind.set(done)
-            return final
-
-        return job
+    def _take(self, caller_threads: int) -> Call:
+        """A free call context, started, or a new one."""
+        try:
+            call = self._free.pop()
+        except IndexError:
+            call = Call(self._flag, self._num_events, len(self.sides), self._num_slots)
+        call.start(caller_threads)
+        return call
 
     def __call__(self, args: list[Any]) -> Any:
         if getattr(_inside, "call", False):
@@ -357,93 +168,132 @@ class CpuExecutor:
             for _, stream in self.sides:
                 stream.traced.get()  # built now, not inside the call's time
             trace = CallTrace()  # its clock starts once the traced code exists
-        kind = self._events
         caller_threads = torch.get_num_threads()
-        objects = self._call_objects(caller_threads)
-        events, done, state, slots = objects.events, objects.done, objects.state, objects.slots
-        carrier = self._carrier
-        if carrier is not None:
-            caller = _CallerState(carrier.capture(), False, False)
-        else:
-            caller = _CallerState(None, torch.is_grad_enabled(), torch.is_inference_mode_enabled())
-        sides = []
-        for worker, stream in self.sides:
-            code = stream.code if trace is None else stream.traced.get()
-            final = None
-            if trace is None and stream.final_event is not None:
-                final = events[stream.final_event]
-            sides.append((worker, code, stream.pick(args), final))
+        call = self._take(caller_threads)
+        caller = CallerState.capture(self._carrier)
+        inputs = [stream.pick(args) for _, stream in self.sides]
         main_inputs = self.main.pick(args)
         args.clear()  # the boxed convention: every input now lives only where it is read
 
-        def run_main() -> Any:
-            _inside.call = True
-            try:
-                if trace is None:
-                    return main.fn(main_inputs, slots, events, state)
-                return main.fn(main_inputs, slots, events, state, {None: trace.stream(None)})
-            except Aborted:
-                return None
-            except BaseException as error:
-                state.fail(error, main.locate(error))
-                return None
-            finally:
-                _inside.call = False
-
-        def jobs(threads: int | None) -> list[Callable[[], Any]]:
+        def jobs(threads: int | None) -> list[Job]:
             return [
-                self._job(code, inputs, slots, state, done[i], caller, trace, final, threads, i)
-                for i, (_, code, inputs, final) in enumerate(sides)
+                self._side_job(i, inputs[i], call, caller, trace, threads)
+                for i in range(len(self.sides))
             ]
+
+        def run_main() -> Any:
+            return self._run_main(main, main_inputs, call, trace)
 
         ran = None
         # A team no larger than the one the caller's own torch ops use: a larger one would
         # leave OpenMP managing more threads than it has cores, which throttles its spinning
         # for every later parallel op of the process.
-        if self._team is not None and caller_threads > len(sides):
+        if self._team is not None and caller_threads > len(self.sides):
             ran = self._team((run_main, *jobs(None)))
         if ran is not None:
             result = ran[0]
         else:
-            if self.release_openmp_threads:
-                # The caller's own torch work leaves its OpenMP team spinning on the cores the
-                # side streams are about to need (see airstream.openmp).
-                release_idle_threads()
-            submit_all(
-                [
-                    (worker, job)
-                    for (worker, *_), job in zip(sides, jobs(self.threads_per_stream), strict=True)
-                ]
-            )
-            # The caller is the main stream's worker: it too runs with threads_per_stream
-            # intra-op threads during the call (oversubscribing the cores costs more than
-            # streams gain).
-            set_intra_op_threads(self.threads_per_stream)
-            state.threads_now = self.threads_per_stream
-            mkl = self._mkl
-            previous = mkl(self.threads_per_stream) if mkl is not None else 0
+            result = self._run_on_workers(run_main, jobs(self.threads_per_stream), call)
+        return self._end(call, trace, ran is not None, result)
+
+    def _run_main(
+        self, code: GeneratedCode, inputs: list[Any], call: Call, trace: CallTrace | None
+    ) -> Any:
+        """The main stream's steps, on the calling thread."""
+        _inside.call = True
+        try:
+            if trace is None:
+                return code.fn(inputs, call.slots, call.events, call)
+            return code.fn(inputs, call.slots, call.events, call, {None: trace.stream(None)})
+        except Aborted:
+            return None
+        except BaseException as error:
+            call.fail(error, code.locate(error))
+            return None
+        finally:
+            _inside.call = False
+
+    def _side_job(
+        self,
+        side: int,
+        inputs: list[Any],
+        call: Call,
+        caller: CallerState,
+        trace: CallTrace | None,
+        threads: int | None,
+    ) -> Job:
+        """Side stream ``side``'s job for one call, run under ``caller``'s thread state with
+        ``threads`` intra-op threads (``None`` inside a parallel region, where every torch op
+        runs on its one thread). It returns the event of its last record, left out of its code,
+        for its thread to set after letting go of the GIL (None where it failed or was
+        traced: its traced code records it)."""
+        stream = self.sides[side][1]
+        code = stream.code if trace is None else stream.traced.get()
+        final = None
+        if trace is None and stream.final_event is not None:
+            final = call.events[stream.final_event]
+        mkl = self._mkl
+        with_carrier = self._carrier
+
+        def job() -> Any:
+            _inside.call = True
+            ended = final
             try:
-                result = run_main()
+                if threads is not None:
+                    set_intra_op_threads(threads)
+                    if mkl is not None:
+                        mkl(threads)
+                args: tuple[Any, ...] = (inputs, call.slots, call.events, call)
+                if trace is not None:
+                    if threads is None:
+                        _name_team_thread()
+                    args = (*args, {code.label: trace.stream(code.label)})
+                run_as_caller(with_carrier, caller, code.fn, *args)
+            except Aborted:
+                ended = None
+            except BaseException as error:  # handed to the caller
+                call.fail(error, code.locate(error))
+                ended = None
             finally:
-                set_intra_op_threads(caller_threads)
-                if mkl is not None:
-                    mkl(previous)
-        if state.failed or trace is not None:
-            # Failed: the join was skipped or poisoned. Traced: the trace must be complete.
-            # Either way, let every side stream of this call finish first.
-            for event in done:
-                kind.wait(event)
+                _inside.call = False
+                call.working[side] = False  # the main stream may take every thread now
+                call.done[side].set()
+            return ended
+
+        return job
+
+    def _run_on_workers(self, run_main: Callable[[], Any], jobs: list[Job], call: Call) -> Any:
+        """Each side stream's job on its worker, the main stream here, with
+        ``threads_per_stream`` intra-op threads each; the caller's own count back after."""
+        if self.release_openmp_threads:
+            # The caller's own torch work leaves its OpenMP team spinning on the cores the
+            # side streams are about to need (see airstream.openmp).
+            release_idle_threads()
+        submit_all([(worker, job) for (worker, _), job in zip(self.sides, jobs, strict=True)])
+        # The caller is the main stream's worker: it too runs with threads_per_stream intra-op
+        # threads during the call (oversubscribing the cores costs more than streams gain).
+        set_intra_op_threads(self.threads_per_stream)
+        call.threads_now = self.threads_per_stream
+        mkl = self._mkl
+        previous = mkl(self.threads_per_stream) if mkl is not None else 0
+        try:
+            return run_main()
+        finally:
+            set_intra_op_threads(call.caller_threads)
+            if mkl is not None:
+                mkl(previous)
+
+    def _end(self, call: Call, trace: CallTrace | None, on_team: bool, result: Any) -> Any:
+        """After the main stream: wait for what the join did not (every side stream of a failed
+        or traced call; else those whose last step no join waits for), hand the call's context
+        back for the next call, and return ``result`` or raise the call's failure."""
+        if not on_team:  # the team returns once every stream has
+            everything = call.failed or trace is not None
+            for side in range(len(self.sides)) if everything else self._unjoined:
+                call.done[side].wait(SPIN_NS)
         if trace is not None:
             trace.finish()
-        if state.failed:
-            failure = state.error
-            assert failure is not None
-            failure.add_note(f"airstream: raised by {state.where}")
-            raise failure  # this call's objects are dropped, not reused
-        # Normal path: the plan's join already waited for every side stream's last step. No
-        # thread touches this call's objects again: the team has returned; a side stream's
-        # last record, set by its worker after its job's end, or a wait for its done flag was
-        # the last thing the caller waited for. Otherwise (locks), they are dropped.
-        if self._reuse and (ran is not None or trace is not None or self._ends_with_records):
-            self._free.append(objects)
+        if call.failed:
+            raise call.failure()  # dropped: a side stream's worker may still set its event
+        self._free.append(call)
         return result

@@ -210,6 +210,11 @@ static void team_body(void *data) {
     } else if (then != NULL && PyObject_TypeCheck(then, &FlagType)) {
         flag_set((Flag *)then);
         Py_DECREF(then);
+    } else if (then != NULL && then != Py_None) { /* another flag kind: set it with the GIL */
+        PyObject *done = PyObject_CallMethod(then, "set", NULL);
+        if (done == NULL) PyErr_WriteUnraisable(then);
+        Py_XDECREF(done);
+        Py_DECREF(then);
     } else {
         Py_XDECREF(then);
     }

@@ -14,10 +14,11 @@ none competes with them for a core. A team thread keeps a Python thread state fo
 
 The extension (``handoff.c``: C against Python's headers, no torch; OpenMP's entry points are
 found at run time in the library torch loaded) is compiled once per Python build into
-airstream's cache directory with the C compiler Python was built with. Where that fails,
-:func:`flag_type` returns ``None`` once with a warning and the runtime keeps its lock handoff.
-``AIRSTREAM_HANDOFF=threads`` keeps side streams on worker threads with flags,
-``AIRSTREAM_HANDOFF=locks`` on worker threads with locks.
+airstream's cache directory with the C compiler Python was built with. Where that fails (with
+one warning), or ``AIRSTREAM_HANDOFF=locks`` is set, :func:`flag_type` is :class:`LockFlag`: the
+same interface on a plain lock, whose waiter sleeps at once and holds the GIL to wake up; the
+runtime has one path for both. ``AIRSTREAM_HANDOFF=threads`` keeps side streams on worker
+threads with spinning flags.
 
 A forked child never runs a team: GNU OpenMP's pool there still lists the parent's threads, so a
 region would wait for threads that do not exist (torch's own parallel ops hang there the same
@@ -26,6 +27,7 @@ way, which is why DataLoader's workers run one intra-op thread). Its calls take 
 
 from __future__ import annotations
 
+import _thread
 import functools
 import hashlib
 import os
@@ -42,7 +44,7 @@ from airstream.cache_dir import cache_root
 from airstream.openmp import forked_child, openmp
 from airstream.runtime import extension
 
-__all__ = ["SPIN_NS", "TeamRunner", "describe", "flag_type", "team_runner"]
+__all__ = ["SPIN_NS", "LockFlag", "TeamRunner", "describe", "flag_type", "spins", "team_runner"]
 
 # How long a waiter spins before it sleeps: longer than a handoff takes when both threads are
 # running, short enough that an idle worker gives its core back to the caller's own torch work.
@@ -99,11 +101,50 @@ def _extension() -> Any:
         return None
 
 
+class LockFlag:
+    """The extension's ``Flag`` on a plain lock, held while the flag is clear: ``set`` releases
+    it, ``wait`` takes it and gives it back (so every waiter passes), ``clear`` takes it again.
+    Setting a set flag is no error (a failed call sets every event, and a stream still running
+    may record one of them again)."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = _thread.allocate_lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        try:
+            self._lock.release()
+        except RuntimeError:  # set already
+            pass
+
+    def clear(self) -> None:
+        """Clear a set flag (called where no thread waits for it)."""
+        self._lock.acquire(False)
+
+    def is_set(self) -> bool:
+        return not self._lock.locked()
+
+    def wait(self, spin_ns: int = 0, then: Any = None) -> None:
+        """Return once the flag is set; set ``then`` first (the GIL is held here throughout, so
+        there is no later moment that would let its waiter run sooner)."""
+        if then is not None:
+            then.set()
+        self._lock.acquire()
+        self.set()
+
+
 def flag_type() -> Any:
-    """The ``Flag`` class, building the extension on first use; ``None`` where it cannot be built
-    or ``AIRSTREAM_HANDOFF=locks`` is set (warned once)."""
+    """The ``Flag`` class: the extension's spinning flag, built on first use; :class:`LockFlag`
+    where it cannot be built (warned once) or ``AIRSTREAM_HANDOFF=locks`` is set."""
     module = _extension()
-    return None if module is None else module.Flag
+    return LockFlag if module is None else module.Flag
+
+
+def spins() -> bool:
+    """Whether this process's flags spin without the GIL (the extension is in use)."""
+    return _extension() is not None
 
 
 TeamRunner = Callable[[tuple[Callable[[], Any], ...]], "tuple[Any] | None"]
@@ -134,6 +175,6 @@ def describe() -> str:
             "on the caller's OpenMP team where streams run 1 intra-op thread each (the "
             "default), else on worker threads with spinning flags"
         )
-    if flag_type() is not None:
+    if spins():
         return "on worker threads with spinning flags (no OpenMP team: not GNU OpenMP, or chosen)"
     return "on worker threads with locks (the handoff extension is unavailable, or chosen)"

@@ -23,16 +23,16 @@ import sysconfig
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from airstream.cache_dir import cache_root
 from airstream.errors import TorchSupportError
 from airstream.runtime import extension
-from airstream.torch_internals import cpp_build, require
+from airstream.torch_internals import cpp_build, require, set_grad_enabled
 
-__all__ = ["Carrier", "carrier"]
+__all__ = ["CallerState", "Carrier", "carrier", "run_as_caller"]
 
 _SOURCE_FILE = Path(__file__).with_name("thread_state.cpp")
 
@@ -67,3 +67,36 @@ def carrier() -> Carrier | None:
             stacklevel=3,
         )
         return None
+
+
+class CallerState(NamedTuple):
+    """The thread state a call's side streams run under: the caller's whole torch thread-local
+    state (``state``, from the extension), or where that is unavailable its grad and inference
+    mode."""
+
+    state: Any
+    grad: bool
+    inference: bool
+
+    @classmethod
+    def capture(cls, with_carrier: Carrier | None) -> CallerState:
+        """The calling thread's state, through ``with_carrier`` where there is one."""
+        if with_carrier is not None:
+            return cls(with_carrier.capture(), False, False)
+        return cls(None, torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+
+
+def run_as_caller(
+    with_carrier: Carrier | None, caller: CallerState, fn: Callable[..., Any], *args: Any
+) -> None:
+    """``fn(*args)`` on this thread under ``caller``'s state (the thread's own comes back after,
+    where the carrier restores it; grad mode, per thread, stays as the caller had it)."""
+    if with_carrier is not None:
+        with_carrier.run(caller.state, fn, *args)
+        return
+    set_grad_enabled(caller.grad)
+    if caller.inference:
+        with torch.inference_mode():
+            fn(*args)
+    else:
+        fn(*args)

@@ -12,7 +12,7 @@ import torch
 import torch.fx
 
 from airstream.openmp import set_intra_op_threads
-from airstream.runtime.events import CallState
+from airstream.runtime.call import Call
 from airstream.schedule.overlap import overlapping_runs, uses_threads
 from airstream.schedule.plan import StreamPlan, StreamSteps, Wait
 
@@ -38,29 +38,29 @@ class Threads:
         self.shared = shared
         self.mkl = mkl
 
-    def _use(self, state: CallState, threads: int) -> None:
+    def _use(self, state: Call, threads: int) -> None:
         if state.threads_now != threads:
             set_intra_op_threads(threads)
             if self.mkl is not None:
                 self.mkl(threads)
             state.threads_now = threads
 
-    def alone(self, state: CallState) -> None:
+    def alone(self, state: Call) -> None:
         self._use(state, state.caller_threads)
 
-    def now(self, state: CallState) -> None:
+    def now(self, state: Call) -> None:
         self._use(state, self.shared if any(state.working) else state.caller_threads)
 
 
-def idle(state: CallState, side: int) -> None:
+def idle(state: Call, side: int) -> None:
     state.working[side] = False
 
 
-def working(state: CallState, side: int) -> None:
+def working(state: Call, side: int) -> None:
     state.working[side] = True
 
 
-def wake(state: CallState, sides: tuple[int, ...]) -> None:
+def wake(state: Call, sides: tuple[int, ...]) -> None:
     """The side streams about to be woken by a record are working from now: the recorder
     says so before they hold the GIL again to say it themselves, so the main stream's next
     op does not take their cores."""

@@ -6,10 +6,9 @@ under one process-wide lock so that every worker sees concurrent calls in the sa
 call's jobs never queue behind a later call's jobs on one worker and ahead of them on another,
 which is what would let two concurrent calls deadlock.
 
-Where the spinning handoff is available (``runtime/handoff.py``), a worker waits for jobs on a
-``Flag`` (spinning a little, without the GIL, after each job), and a job may return a ``Flag``
-that the worker sets only once it has let go of the GIL: the caller waiting on it then takes the
-GIL at once. Otherwise it waits on a queue.
+A worker waits for jobs on a flag (``runtime/handoff.py``: spinning a little, without the GIL,
+after each job, where the extension is built), and a job may return a flag that the worker sets
+only once it has let go of the GIL: the caller waiting on it then takes the GIL at once.
 
 A forked child has only the thread that forked: the workers' threads are gone, and a lock another
 thread held is held forever. An at-fork handler gives the child fresh locks and marks every
@@ -21,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import os
-import queue
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -47,51 +45,41 @@ class StreamWorker:
         self._start()
 
     def _start(self) -> None:
-        """A new thread, with a new flag and queues (in a forked child, the old ones may be
+        """A new thread, with a new flag and queue (in a forked child, the old ones may be
         mid-job or held by a thread that does not exist there)."""
-        flag = flag_type()
-        self._ready: Any = flag() if flag is not None else None
+        self._ready: Any = flag_type()()
         self._box: collections.deque[Job] = collections.deque()
-        self._jobs: queue.SimpleQueue[Job] = queue.SimpleQueue()
-        loop = self._spin_loop if self._ready is not None else self._loop
         name = f"airstream-stream-{self.label}"
-        self.thread = threading.Thread(target=loop, name=name, daemon=True)
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.thread.start()
 
     def _loop(self) -> None:
-        while True:
-            job = self._jobs.get()
-            then = job()  # jobs catch their own exceptions (see runtime.cpu)
-            del job  # a finished call's job must not keep its tensors alive until the next one
-            if then is not None:
-                then.set()
-
-    def _spin_loop(self) -> None:
         ready, box = self._ready, self._box
+        kind = type(ready)
         then = None
         while True:
             if then is None:
                 ready.wait(SPIN_NS)
-            else:
+            elif type(then) is kind:
                 ready.wait(SPIN_NS, then)  # sets `then` after letting go of the GIL
+            else:  # a flag of the other kind (a runtime told to use locks): set it first
+                then.set()
+                ready.wait(SPIN_NS)
             ready.clear()
             then = None
             while box:
                 if then is not None:  # another job is queued: no reason to wait for the GIL
                     then.set()
                 job = box.popleft()
-                then = job()
-                del job
+                then = job()  # jobs catch their own exceptions (see runtime.cpu)
+                del job  # a finished call's job must not keep its tensors alive until the next
 
     def submit(self, job: Job) -> None:
         """Queue ``job``; prefer :func:`submit_all` for the jobs of one call."""
         if self.thread is None:  # forked: this process has no thread for it yet
             self._start()
-        if self._ready is None:
-            self._jobs.put(job)
-        else:
-            self._box.append(job)
-            self._ready.set()
+        self._box.append(job)
+        self._ready.set()
 
 
 def worker_for(label: str) -> StreamWorker:
