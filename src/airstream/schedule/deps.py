@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch.fx
 
-from airstream.effects import effects, is_executed
+from airstream.effects import Effects, effects, is_executed
 from airstream.ops.library import record, wait, wait_tensor
 
 __all__ = ["Requirement", "requirements"]
@@ -60,6 +60,73 @@ class _Storages:
         return root, roots[1:]
 
 
+class _Order:
+    """What the walk has seen so far: each storage's last write(s) and the reads since, the last
+    random op and the last collective."""
+
+    def __init__(self) -> None:
+        self.storages = _Storages()
+        self.last_write: dict[torch.fx.Node, list[torch.fx.Node]] = {}  # per storage
+        self.reads_since_write: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+        self.last_random: torch.fx.Node | None = None
+        self.last_collective: torch.fx.Node | None = None
+
+    def _rebase(self, old: torch.fx.Node, new: torch.fx.Node) -> None:
+        """Two storages merged: what was known about the old root now belongs to the new one."""
+        self.last_write.setdefault(new, []).extend(self.last_write.pop(old, []))
+        self.reads_since_write.setdefault(new, []).extend(self.reads_since_write.pop(old, []))
+
+    def memory(self, node: torch.fx.Node, found: Effects) -> list[Requirement]:
+        """``node``'s mutation requirements: after the last writes of what it reads, and, for
+        what it writes, after the reads since the last write and that write."""
+        storages = self.storages
+        if found.aliases:
+            root, merged = storages.join(node, found.aliases)
+            for old in merged:
+                self._rebase(old, root)
+        written = {storages.find(w) for w in found.writes}
+        reqs: list[Requirement] = []
+        for arg in node.all_input_nodes:
+            base = storages.find(arg)
+            last = self.last_write.get(base, ())
+            reqs += [Requirement(w, "mutation") for w in last if w is not node]
+        for base in written:
+            reqs += [Requirement(r, "mutation") for r in self.reads_since_write.get(base, [])]
+            reqs += [Requirement(w, "mutation") for w in self.last_write.get(base, ())]
+            self.last_write[base] = [node]
+            self.reads_since_write[base] = []
+        for arg in node.all_input_nodes:
+            base = storages.find(arg)
+            if base not in written:
+                self.reads_since_write.setdefault(base, []).append(node)
+        return reqs
+
+    def issue_order(self, node: torch.fx.Node, found: Effects) -> list[Requirement]:
+        """Random ops in graph order (one generator state), collectives too (every rank)."""
+        reqs: list[Requirement] = []
+        if found.random:
+            if self.last_random is not None:
+                reqs.append(Requirement(self.last_random, "rng"))
+            self.last_random = node
+        if found.collective:
+            if self.last_collective is not None:
+                reqs.append(Requirement(self.last_collective, "collective"))
+            self.last_collective = node
+        return reqs
+
+
+def _data(node: torch.fx.Node) -> list[Requirement]:
+    """``node``'s inputs (a ``wait_tensor``'s dependency as ordering only), record tokens that
+    stand for a position left out."""
+    reqs = []
+    for arg in node.all_input_nodes:
+        if arg.target is record and not is_executed(arg):
+            continue
+        kind = "control" if node.target is wait_tensor and arg is node.args[1] else "data"
+        reqs.append(Requirement(arg, kind))
+    return reqs
+
+
 def requirements(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[Requirement]]:
     """For every executed node and every ``wait`` node, what must complete before it.
 
@@ -67,58 +134,17 @@ def requirements(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[Requirement]
     on the record's stream up to the record"; the planner resolves it to a position. The effects
     of each node come from :mod:`airstream.effects`.
     """
-    storages = _Storages()
-    last_write: dict[torch.fx.Node, list[torch.fx.Node]] = {}  # the last write(s) per storage
-    reads_since_write: dict[torch.fx.Node, list[torch.fx.Node]] = {}
-    last_random: torch.fx.Node | None = None
-    last_collective: torch.fx.Node | None = None
+    seen = _Order()
     out: dict[torch.fx.Node, list[Requirement]] = {}
-
-    def rebase(old: torch.fx.Node, new: torch.fx.Node) -> None:
-        # Two storages merged: what was known about the old root now belongs to the new one.
-        last_write.setdefault(new, []).extend(last_write.pop(old, []))
-        reads_since_write.setdefault(new, []).extend(reads_since_write.pop(old, []))
-
     for node in graph.nodes:
         if node.op != "call_function":
             continue
-        reqs: list[Requirement] = []
         if node.target is wait:
-            reqs += [Requirement(dep, "control") for dep in node.args[0]]
-            out[node] = reqs
+            out[node] = [Requirement(dep, "control") for dep in node.args[0]]
             continue
         if not is_executed(node):
             continue
-        for arg in node.all_input_nodes:
-            if arg.target is record and not is_executed(arg):
-                continue
-            kind = "control" if node.target is wait_tensor and arg is node.args[1] else "data"
-            reqs.append(Requirement(arg, kind))
         found = effects(node)
-        if found.aliases:
-            root, merged = storages.join(node, found.aliases)
-            for old in merged:
-                rebase(old, root)
-        written = {storages.find(w) for w in found.writes}
-        for arg in node.all_input_nodes:
-            base = storages.find(arg)
-            reqs += [Requirement(w, "mutation") for w in last_write.get(base, ()) if w is not node]
-        for base in written:
-            reqs += [Requirement(r, "mutation") for r in reads_since_write.get(base, [])]
-            reqs += [Requirement(w, "mutation") for w in last_write.get(base, ())]
-            last_write[base] = [node]
-            reads_since_write[base] = []
-        for arg in node.all_input_nodes:
-            base = storages.find(arg)
-            if base not in written:
-                reads_since_write.setdefault(base, []).append(node)
-        if found.random:
-            if last_random is not None:
-                reqs.append(Requirement(last_random, "rng"))
-            last_random = node
-        if found.collective:
-            if last_collective is not None:
-                reqs.append(Requirement(last_collective, "collective"))
-            last_collective = node
+        reqs = _data(node) + seen.memory(node, found) + seen.issue_order(node, found)
         out[node] = [r for r in reqs if r.before is not node]
     return out

@@ -442,6 +442,55 @@ def _rewrite(
     return fused, getitems
 
 
+def _failed(segment: Segment, graph_kind: str, exc: Exception, strict: bool) -> CompiledSegment:
+    """What became of a segment Inductor could not compile: aten code, with a warning; with
+    ``strict``, a PassError instead."""
+    error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+    where = (
+        f"max-autotune segment {segment.name} of the {graph_kind} graph "
+        f"(stream {segment.stream or 'main'}; nodes {', '.join(segment.nodes)})"
+    )
+    if strict:
+        raise PassError(
+            f"Inductor could not compile {where}: {error}. Set "
+            "debug.strict_max_autotune=False to run such segments as aten code.",
+            pass_name=segment.name,
+            stage=STAGE,
+            graph_kind=graph_kind,
+        ) from exc
+    message = f"airstream: {where} runs as aten code; Inductor failed: {error}"
+    log.warning("%s", message)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    return CompiledSegment(segment, None, (), 0.0, "fallback", error)
+
+
+_Shared = dict[tuple[Any, ...], tuple[Callable[[list[Any]], Any], tuple[str, ...]]]
+
+
+def _compile_one(
+    gm: torch.fx.GraphModule, segment: Segment, graph_kind: str, count: int, shared: _Shared
+) -> tuple[Callable[[list[Any]], Any], tuple[str, ...], str, float, Any, Any]:
+    """Compile ``segment`` of ``gm`` (or reuse an identical segment's compiled code from
+    ``shared``): the compiled code, its kernels, where it came from, the seconds it took, the
+    segment's inputs and outputs. Raises whatever the compile raised."""
+    start = time.perf_counter()
+    views_after(gm, segment)
+    sub, inputs, outputs = segment_module(gm, segment)
+    fakes = [n.meta.get("val") for n in inputs]
+    key = (_key(sub, fakes), count)
+    if key in shared:
+        compiled, kernels = shared[key]
+        return compiled, kernels, "shared", 0.0, inputs, outputs
+    fake_mode = torch_internals.detect_fake_mode(fakes)
+    if fake_mode is None:
+        raise RuntimeError("no fake tensor metadata on the segment's inputs")
+    compiled, kernels, cache = _compile(
+        sub, fakes, fake_mode, graph_kind, count, outputs, segment.members
+    )
+    shared[key] = (compiled, kernels)
+    return compiled, kernels, cache, time.perf_counter() - start, inputs, outputs
+
+
 def compile_segments(
     gm: torch.fx.GraphModule,
     segments: Sequence[Segment],
@@ -457,48 +506,18 @@ def compile_segments(
     """
     torch_internals.require("max-autotune")  # a torch without them is an error, not a fallback
     results: list[CompiledSegment] = []
-    shared: dict[tuple[Any, ...], tuple[Callable[[list[Any]], Any], tuple[str, ...]]] = {}
+    shared: _Shared = {}
     for segment in segments:
-        start = time.perf_counter()
+        count = threads(segment)
         try:
-            views_after(gm, segment)
-            sub, inputs, outputs = segment_module(gm, segment)
-            fakes = [n.meta.get("val") for n in inputs]
-            count = threads(segment)
-            key = (_key(sub, fakes), count)
-            if key in shared:
-                compiled, kernels = shared[key]
-                cache = "shared"
-            else:
-                fake_mode = torch_internals.detect_fake_mode(fakes)
-                if fake_mode is None:
-                    raise RuntimeError("no fake tensor metadata on the segment's inputs")
-                compiled, kernels, cache = _compile(
-                    sub, fakes, fake_mode, graph_kind, count, outputs, segment.members
-                )
-                shared[key] = (compiled, kernels)
+            compiled, kernels, cache, seconds, inputs, outputs = _compile_one(
+                gm, segment, graph_kind, count, shared
+            )
         except TorchSupportError:
             raise
         except Exception as exc:
-            error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
-            where = (
-                f"max-autotune segment {segment.name} of the {graph_kind} graph "
-                f"(stream {segment.stream or 'main'}; nodes {', '.join(segment.nodes)})"
-            )
-            if strict:
-                raise PassError(
-                    f"Inductor could not compile {where}: {error}. Set "
-                    "debug.strict_max_autotune=False to run such segments as aten code.",
-                    pass_name=segment.name,
-                    stage=STAGE,
-                    graph_kind=graph_kind,
-                ) from exc
-            message = f"airstream: {where} runs as aten code; Inductor failed: {error}"
-            log.warning("%s", message)
-            warnings.warn(message, RuntimeWarning, stacklevel=2)
-            results.append(CompiledSegment(segment, None, (), 0.0, "fallback", error))
+            results.append(_failed(segment, graph_kind, exc, strict))
             continue
-        seconds = time.perf_counter() - start if cache != "shared" else 0.0
         fused, _ = _rewrite(gm, segment, inputs, outputs, _runner(compiled, segment.name))
         result = CompiledSegment(segment, fused.name, kernels, seconds, cache, threads=count)
         fused.meta[SEGMENT_KEY] = result

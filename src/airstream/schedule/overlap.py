@@ -9,11 +9,11 @@ them (``schedule/fuse.py``); a step that may overlap another runs on its stream'
 ``threads_per_stream``. The answer depends on the plan alone, not on timings, so every call of a
 compiled graph uses the same threads for the same op.
 
-Vector clocks over ``StreamPlan.sequence`` (an order where each record comes before its waits):
-a step's clock holds, for every stream, the position of the last step known complete before it.
-Run ``s`` (stream A, position i) and run ``t`` (stream B, position j) are ordered when
-``clock(s)[B] >= j`` or ``clock(t)[A] >= i``. Along B the clocks only grow, so checking the first
-run of B not known complete before ``s`` decides for all of B.
+The planner's vector clocks (``StreamPlan.known``): a run's clock holds, for every stream, the
+index of the last run known complete before it starts. Run ``s`` (stream A, run i) and run ``t``
+(stream B, run j) are ordered when ``clock(s)[B] >= j`` or ``clock(t)[A] >= i``. Along B the
+clocks only grow, so checking the first working run of B not known complete before ``s``
+decides for all of B.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 import torch.fx
 
 from airstream.effects import effects
-from airstream.schedule.plan import Record, Run, StreamPlan, Wait
+from airstream.schedule.plan import StreamPlan
 
 __all__ = ["THREADED_NUMEL", "overlapping_runs", "uses_threads"]
 
@@ -55,41 +55,24 @@ def uses_threads(node: torch.fx.Node) -> bool:
 def overlapping_runs(plan: StreamPlan) -> frozenset[torch.fx.Node]:
     """The nodes of ``plan`` whose run may overlap a run on another stream that does work
     (:func:`uses_threads`)."""
-    labels = [s.label for s in plan.streams]
     if sum(1 for s in plan.streams if s.runs) < 2:
         return frozenset()
-    index = {label: k for k, label in enumerate(labels)}
-    clock = {label: [-1] * len(labels) for label in labels}
-    position = dict.fromkeys(labels, -1)
-    recorded: dict[int, list[int]] = {}
-    # per stream: its runs' positions and clocks, in order
-    runs: dict[object, list[tuple[int, tuple[int, ...], torch.fx.Node]]] = {
-        label: [] for label in labels
+    known = plan.known
+    # per stream: the runs that work, each with its index among the stream's runs
+    working = {
+        s.label: [(i, n) for i, n in enumerate(s.runs) if uses_threads(n)] for s in plan.streams
     }
-    for label, step in plan.sequence:
-        position[label] += 1
-        mine = clock[label]
-        mine[index[label]] = position[label]
-        if isinstance(step, Wait):
-            other = recorded.get(step.event)
-            if other is None:
-                raise ValueError(f"plan waits for event e{step.event} before it is recorded")
-            clock[label] = mine = [max(a, b) for a, b in zip(mine, other, strict=True)]
-        elif isinstance(step, Record):
-            recorded[step.event] = list(mine)
-        elif isinstance(step, Run) and uses_threads(step.node):
-            runs[label].append((position[label], tuple(mine), step.node))
-    positions = {label: [p for p, _, _ in runs[label]] for label in labels}
+    indices = {label: [i for i, _ in runs] for label, runs in working.items()}
     out: set[torch.fx.Node] = set()
-    for label in labels:
-        a = index[label]
-        for i, seen, node in runs[label]:
-            for stream in labels:
-                if stream == label or not runs[stream]:
+    for label, runs in working.items():
+        for i, node in runs:
+            seen = known[node]
+            for stream, theirs in working.items():
+                if stream == label or not theirs:
                     continue
-                known = seen[index[stream]]  # its steps up to here are done before this run
-                first = bisect.bisect_right(positions[stream], known)
-                if first < len(runs[stream]) and runs[stream][first][1][a] < i:
+                # the first working run of `stream` not known complete before this one
+                first = bisect.bisect_right(indices[stream], seen.get(stream, -1))
+                if first < len(theirs) and known[theirs[first][1]].get(label, -1) < i:
                     out.add(node)  # that run neither precedes nor follows this one
                     break
     return frozenset(out)

@@ -7,8 +7,10 @@ join makes the main stream wait for the last step of every side stream.
 
 Fewest waits: each stream keeps a vector clock (for every stream, the last position known to be
 complete). A requirement already covered by the clock, directly or through an earlier wait's
-clock, is dropped. No deadlock: every wait names an event recorded after a node that is earlier in
-graph order, and every stream follows graph order, so the graph order itself is a valid schedule.
+clock, is dropped. The plan keeps each run's clock (``StreamPlan.known``): which runs of other
+streams may overlap it is read from there (``overlap.py``). No deadlock: every wait names an
+event recorded after a node that is earlier in graph order, and every stream follows graph order,
+so the graph order itself is a valid schedule.
 """
 
 from __future__ import annotations
@@ -126,6 +128,10 @@ class StreamPlan:
     # Every step of every stream in one order that respects each stream's order and puts each
     # record before its waits (graph order): what a single-threaded issuer (CUDA) follows.
     sequence: tuple[tuple[Label, Step], ...] = ()
+    # Per run: its vector clock, for each stream the index among that stream's runs of the last
+    # one known complete when this run starts (its own stream: itself), through every wait
+    # before it; the happens-before the planner works out, read by schedule/overlap.py.
+    known: Mapping[torch.fx.Node, Mapping[Label, int]] = field(default_factory=dict)
 
     def stream(self, label: Label) -> StreamSteps:
         """The program of stream ``label``."""
@@ -281,12 +287,14 @@ class _Planner:
             StreamSteps(label, tuple(step for owner, step in sequence if owner == label))
             for label in self.assignment.streams
         )
+        known = {self.runs[label][index]: clock for (label, index), clock in self.snapshots.items()}
         return StreamPlan(
             streams=streams,
             syncs=tuple(self.syncs),
             dropped_waits=self.dropped,
             priorities=dict(self.assignment.priorities),
             sequence=tuple(sequence),
+            known=known,
         )
 
 
