@@ -18,8 +18,8 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def bench(args: argparse.Namespace) -> int:
-    """``airstream bench``: one benchmark (airstream.bench.command)."""
-    from airstream.bench.command import run_bench
+    """``airstream bench``: one benchmark (airstream.cli.benches)."""
+    from airstream.cli.benches import run_bench
 
     return run_bench(args)
 

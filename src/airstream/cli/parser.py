@@ -6,27 +6,11 @@ import argparse
 from collections.abc import Sequence
 
 from airstream.cli import commands
+from airstream.cli.benches import BENCHES, default_help
 from airstream.cli.run import run_script
 from airstream.cli.selftest import run_selftest
 
 __all__ = ["build_parser"]
-
-_BENCHES = {
-    "overhead": "per-op cost against fx.GraphModule; what one side stream costs",
-    "moe": "a dense MoE block: eager, Inductor, airstream on 1 and 2 streams",
-    "moe-shared": "a MoE block with a shared expert and the stream passes for it",
-    "branches": "parallel branches and the stream passes that apply to them",
-    "mlp": "an MLP stack and the stream passes that apply to it",
-    "passes": "how long each stream pass takes on a 5,000-node graph",
-    "compile": "how long airstream takes to compile each model of the model suite (--models)",
-    "batched-experts": "experts as one batched op, or split per expert on 2 streams",
-    "branches-pointwise": "reduce-overhead vs max-autotune, 1 and 2 streams, compile times",
-    "tp": "a tensor-parallel MLP on --nproc ranks, with overlap_communication",
-    "memory": "peak memory of a training step and of inference",
-    "decode": "decode steps of transformers models (--models): tokens/s",
-    "serving-loop": "models called alone and between eager sampling work",
-    "restart": "a new process's first call, cold and warm caches: torch.compile, cache_compile",
-}
 
 
 def _command(
@@ -253,29 +237,34 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "bench",
         "run a benchmark and print its figures",
         "Run one benchmark on this machine and print its figures (--json: as JSON).\n"
-        "NAME is one of:\n" + "\n".join(f"  {n:<19}{what}" for n, what in _BENCHES.items()),
+        "NAME is one of:\n" + "\n".join(f"  {n:<19}{b.summary}" for n, b in BENCHES.items()),
         [
             "airstream bench overhead",
             "airstream bench moe --mode both --rounds 5",
             "airstream bench decode --models llama --device cuda",
         ],
     )
-    bench.add_argument("name", metavar="NAME", choices=list(_BENCHES), help="a name listed above")
+    bench.add_argument("name", metavar="NAME", choices=list(BENCHES), help="a name listed above")
     bench.add_argument(
         "--rounds",
         type=int,
         default=None,
-        help="interleaved rounds (default 15; compile: fresh compiles each, default 3; "
-        "restart: cold/warm process pairs per case, default 1)",
+        help="interleaved rounds (compile: fresh compiles each; restart: cold/warm process "
+        f"pairs per case) ({default_help('rounds')})",
     )
     bench.add_argument(
-        "--calls", type=int, default=None, help="calls per round (overhead 100, moe 5)"
+        "--calls",
+        type=int,
+        default=None,
+        help=f"calls per round (memory: training steps) ({default_help('calls')})",
     )
     bench.add_argument("--ops", type=int, default=200, help="overhead: ops in the chain")
     bench.add_argument("--experts", type=int, default=8, help="moe: experts E (default 8)")
-    bench.add_argument("--tokens", type=int, default=None, help="tokens B (default 8; tp 64)")
     bench.add_argument(
-        "--hidden", type=int, default=None, help="hidden size H (default 1024; tp 256)"
+        "--tokens", type=int, default=None, help=f"tokens B ({default_help('tokens')})"
+    )
+    bench.add_argument(
+        "--hidden", type=int, default=None, help=f"hidden size H ({default_help('hidden')})"
     )
     bench.add_argument("--no-inductor", action="store_true", help="skip the Inductor runner")
     bench.add_argument(
@@ -294,7 +283,7 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     bench.add_argument("--nproc", type=int, default=2, help="tp: ranks to spawn (default 2)")
     bench.add_argument(
-        "--layers", type=int, default=None, help="tp: layers (default 4); memory: (default 8)"
+        "--layers", type=int, default=None, help=f"tp, memory: layers ({default_help('layers')})"
     )
     bench.add_argument(
         "--models",

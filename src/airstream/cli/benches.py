@@ -1,0 +1,302 @@
+"""``airstream bench NAME``: every benchmark as one row of a table, its summary, the defaults of
+its options and how it runs; the parser's help text is made from the same table.
+
+Each runner imports its benchmark module when it runs (``import airstream`` and the parser must
+not pay for them: tests/test_layers.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["BENCHES", "OPTIONS", "Bench", "default_help", "run_bench"]
+
+Report = tuple[dict[str, Any], str]  # the figures (JSON-able) and their text
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One benchmark: ``summary`` for the help; ``run(args)`` with every option resolved;
+    ``defaults``: its own default of an option (else :data:`OPTIONS`'); ``on_device``: takes
+    ``--device cuda``; ``modes``: ``--mode`` times the airstream modes, with these defaults."""
+
+    summary: str
+    run: Callable[[argparse.Namespace], Report]
+    defaults: Mapping[str, int] = field(default_factory=dict)
+    on_device: bool = False
+    modes: Mapping[str, int] | None = None
+
+
+# The numeric options every benchmark may read, with their default where it sets none.
+OPTIONS: Mapping[str, int] = {"rounds": 15, "calls": 5, "tokens": 8, "hidden": 1024, "layers": 4}
+
+
+def _models(bench: str, given: str | None, known: Sequence[str]) -> tuple[str, ...]:
+    """The models ``--models`` names (all of ``known`` if none); SystemExit(2), after saying why
+    on stderr, if it names one ``bench`` does not have."""
+    chosen = tuple(given.split(",")) if given else tuple(known)
+    unknown = [m for m in chosen if m not in known]
+    if unknown:
+        print(
+            f"airstream bench {bench}: unknown model(s) {unknown}; choose from {', '.join(known)}",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    return chosen
+
+
+def _overhead(a: argparse.Namespace) -> Report:
+    from airstream.bench.overhead import format_overhead, run_overhead
+
+    report = run_overhead(ops=a.ops, rounds=a.rounds, calls=a.calls)
+    return report, format_overhead(report)
+
+
+def _batched(a: argparse.Namespace) -> Report:
+    from airstream.bench.batched import run_batched
+
+    report = run_batched(tokens=a.tokens, hidden=a.hidden, rounds=a.rounds, calls=a.calls)
+    fastest = min(report["ms"].values())
+    text = (
+        f"batched experts: E={report['experts']}, B={report['tokens']}, "
+        f"H={report['hidden']}, {report['cores']} cores\n"
+        + "\n".join(
+            f"  {name:<36}{ms:>8.2f} ms {ms / fastest:>6.2f}x" for name, ms in report["ms"].items()
+        )
+    )
+    return report, text
+
+
+def _memory(a: argparse.Namespace) -> Report:
+    from airstream.bench.memory import format_memory, run_memory
+
+    report = run_memory(layers=a.layers, hidden=a.hidden, batch=a.tokens, steps=a.calls)
+    return report, format_memory(report)
+
+
+def _passes(a: argparse.Namespace) -> Report:
+    from airstream.bench.suite import pass_timing
+
+    report = pass_timing()
+    text = f"stream passes on a {report['nodes']}-node graph:\n" + "\n".join(
+        f"  {name:<24}{seconds:.3f} s" for name, seconds in report["seconds"].items()
+    )
+    return report, text
+
+
+def _compile(a: argparse.Namespace) -> Report:
+    from airstream.bench.compile_time import format_compile, run_compile
+    from airstream.selftest.architectures import ARCHS
+
+    report = run_compile(_models("compile", a.models, tuple(ARCHS)), rounds=a.rounds)
+    return report, format_compile(report)
+
+
+def _restart(a: argparse.Namespace) -> Report:
+    from airstream.bench.decode import DECODE_MODELS
+    from airstream.bench.restart import format_restart, run_restart
+
+    models = _models("restart", a.models, tuple(DECODE_MODELS))
+    report = run_restart(models[0] if a.models else "qwen2-moe", rounds=a.rounds)
+    return report, format_restart(report)
+
+
+def _tp(a: argparse.Namespace) -> Report:
+    from airstream.bench.tp import format_tp, run_tp
+
+    report = run_tp(
+        nproc=a.nproc,
+        layers=a.layers,
+        tokens=a.tokens,
+        hidden=a.hidden,
+        rounds=a.rounds,
+        calls=a.calls,
+    )
+    return report, format_tp(report)
+
+
+def _serving(a: argparse.Namespace) -> Report:
+    from airstream.bench.serving import SERVING_MODELS, format_serving, run_serving
+
+    report = run_serving(
+        _models("serving-loop", a.models, SERVING_MODELS),
+        batch=a.tokens,
+        hidden=a.hidden,
+        rounds=a.rounds,
+        calls=a.calls,
+    )
+    return report, format_serving(report)
+
+
+def _decode(a: argparse.Namespace) -> Report:
+    from airstream.bench.decode import DECODE_MODELS, format_decode, run_decode
+
+    report = run_decode(
+        _models("decode", a.models, tuple(DECODE_MODELS)),
+        batch=a.tokens,
+        rounds=a.rounds,
+        calls=a.calls,
+        inductor=not a.no_inductor,
+        device=a.device,
+    )
+    return report, format_decode(report)
+
+
+def _modes(a: argparse.Namespace) -> Report:
+    from airstream.bench.modes import MODES, format_modes, run_modes
+
+    report = run_modes(
+        a.name,
+        modes=MODES if a.mode in (None, "both") else (a.mode,),
+        tokens=a.tokens,
+        hidden=a.hidden,
+        rounds=a.rounds,
+        calls=a.calls,
+        inductor=not a.no_inductor,
+        compile_times=not a.no_compile_time,
+        device=a.device,
+    )
+    return report, format_modes(report)
+
+
+def _suite(a: argparse.Namespace) -> Report:
+    from airstream.bench.suite import format_suite, run_suite
+
+    report = run_suite(
+        a.name,
+        tokens=a.tokens,
+        hidden=a.hidden,
+        rounds=a.rounds,
+        calls=a.calls,
+        inductor=not a.no_inductor,
+    )
+    return report, format_suite(report)
+
+
+def _moe(a: argparse.Namespace) -> Report:
+    if a.passes:  # the stream passes on the same block
+        return _suite(a)
+    from airstream.bench.moe import format_moe, run_moe
+
+    report = run_moe(
+        experts=a.experts,
+        tokens=a.tokens,
+        hidden=a.hidden,
+        rounds=a.rounds,
+        calls=a.calls,
+        inductor=not a.no_inductor,
+        device=a.device,
+    )
+    return report, format_moe(report)
+
+
+BENCHES: Mapping[str, Bench] = {
+    "overhead": Bench(
+        "per-op cost against fx.GraphModule; what one side stream costs",
+        _overhead,
+        {"calls": 100},
+    ),
+    "moe": Bench(
+        "a dense MoE block: eager, Inductor, airstream on 1 and 2 streams",
+        _moe,
+        on_device=True,
+        modes={"calls": 20},
+    ),
+    "moe-shared": Bench("a MoE block with a shared expert and the stream passes for it", _suite),
+    "branches": Bench("parallel branches and the stream passes that apply to them", _suite),
+    "mlp": Bench("an MLP stack and the stream passes that apply to it", _suite),
+    "passes": Bench("how long each stream pass takes on a 5,000-node graph", _passes),
+    "compile": Bench(
+        "how long airstream takes to compile each model of the model suite (--models)",
+        _compile,
+        {"rounds": 3},
+    ),
+    "batched-experts": Bench(
+        "experts as one batched op, or split per expert on 2 streams", _batched
+    ),
+    "branches-pointwise": Bench(
+        "reduce-overhead vs max-autotune, 1 and 2 streams, compile times",
+        _modes,
+        {"calls": 20},
+        on_device=True,
+        modes={"calls": 20},
+    ),
+    "tp": Bench(
+        "a tensor-parallel MLP on --nproc ranks, with overlap_communication",
+        _tp,
+        {"tokens": 64, "hidden": 256, "calls": 10},
+    ),
+    "memory": Bench(
+        "peak memory of a training step and of inference",
+        _memory,
+        {"tokens": 4096, "layers": 8, "calls": 3},
+    ),
+    "decode": Bench(
+        "decode steps of transformers models (--models): tokens/s",
+        _decode,
+        {"tokens": 4, "calls": 3},
+        on_device=True,
+    ),
+    "serving-loop": Bench("models called alone and between eager sampling work", _serving),
+    "restart": Bench(
+        "a new process's first call, cold and warm caches: torch.compile, cache_compile",
+        _restart,
+        {"rounds": 1},
+    ),
+}
+
+
+def default_help(option: str) -> str:
+    """``option``'s defaults in words: the common one, then each benchmark's own."""
+    common = OPTIONS[option]
+    own = [f"{name} {b.defaults[option]}" for name, b in BENCHES.items() if option in b.defaults]
+    modes = {b.modes[option] for b in BENCHES.values() if b.modes and option in b.modes}
+    own += [f"--mode {m}" for m in sorted(modes)]
+    return f"default {common}" + (f"; {', '.join(own)}" if own else "")
+
+
+def _device_problem(name: str, bench: Bench, args: argparse.Namespace) -> str | None:
+    """Why ``--device`` cannot be used here, or None."""
+    device = args.device
+    if device == "cpu":
+        return None
+    if not bench.on_device or args.passes:
+        on = ", ".join(n for n, b in BENCHES.items() if b.on_device)
+        return f"--device {device} is not supported; it runs on cpu (--device applies to {on})"
+    import torch
+
+    if not device.startswith("cuda"):
+        return f"--device {device}: choose cpu or cuda[:N]"
+    if not torch.cuda.is_available():
+        return f"--device {device}: no CUDA GPU is visible to torch (see `airstream doctor`)"
+    return None
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Run the benchmark ``args.name`` and print its report (text, or JSON with --json)."""
+    bench = BENCHES[args.name]
+    problem = _device_problem(args.name, bench, args)
+    if args.mode is not None and bench.modes is None:
+        on = ", ".join(n for n, b in BENCHES.items() if b.modes is not None)
+        problem = f"--mode applies to {on}"
+    if problem is not None:
+        print(f"airstream bench {args.name}: {problem}", file=sys.stderr)
+        return 2
+    modes = bench.modes if args.mode is not None else None
+    timing_modes = modes is not None
+    defaults = {**OPTIONS, **bench.defaults, **(modes or {})}
+    resolved = argparse.Namespace(**vars(args))
+    for option, value in defaults.items():
+        if getattr(resolved, option, None) is None:
+            setattr(resolved, option, value)
+    try:
+        report, text = (_modes if timing_modes else bench.run)(resolved)
+    except SystemExit as stop:  # a --models name it does not have (said on stderr)
+        return int(stop.code or 2)
+    print(json.dumps(report, indent=2) if args.json else text)
+    return 0
