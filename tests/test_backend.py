@@ -248,11 +248,8 @@ def test_observers_receive_compile_events_and_bad_ones_are_named() -> None:
         def stage_done(self, stage: str, gm: torch.fx.GraphModule, graph_kind: str) -> None:
             events.append(f"{graph_kind}:{stage}")
 
-        def plan_built(self, graph_kind: str, gm: Any, streams: Any, plan: Any, code: str) -> None:
-            assert "def forward" in code
-            events.append(f"{graph_kind}:plan")
-
         def graph_compiled(self, compiled: Any) -> None:
+            assert "def forward" in compiled.executor.code
             events.append(f"{compiled.kind}:compiled")
 
     backend = airstream.get_backend(_guide_config(), observers=[Recorder()])
@@ -263,11 +260,28 @@ def test_observers_receive_compile_events_and_bad_ones_are_named() -> None:
         "traced",
         "inference:post_grad_custom_pre_pass",
         "inference:builtin",  # no post pass configured: that stage does not run
-        "inference:plan",
         "inference:compiled",
     ]
     with pytest.raises(TypeError, match=r"observers\[0\] must be an airstream.observers"):
         airstream.get_backend(observers=[print])  # type: ignore[list-item]
+
+
+def test_an_observer_written_for_plan_built_is_still_called_with_a_warning() -> None:
+    from airstream.observers import CompileObserver
+
+    seen: list[str] = []
+
+    class Old(CompileObserver):
+        def plan_built(self, graph_kind: str, gm: Any, streams: Any, plan: Any, code: str) -> None:
+            assert "def forward" in code and plan.streams
+            seen.append(graph_kind)
+
+    with pytest.warns(FutureWarning, match="Old defines plan_built, which is now part of"):
+        backend = airstream.get_backend(_guide_config(), observers=[Old()])
+    compiled = torch.compile(Model(), backend=backend)
+    x = torch.randn(3, 3)
+    assert_same(compiled(x), Model()(x))
+    assert seen == ["inference"]
 
 
 def test_compile_options_apply_to_a_backend_instance() -> None:

@@ -311,6 +311,35 @@ def test_the_key_sees_what_a_trace_reads_from_the_module() -> None:
     )  # strides
 
 
+def test_the_key_sees_only_the_calibration_this_process_decides_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """auto_streams decides with the figures measured for this machine and thread count: those
+    are in the key; a calibration for another thread count is not."""
+    import dataclasses
+
+    from airstream import calibration
+    from airstream.cache_key import cache_key
+
+    monkeypatch.setenv("AIRSTREAM_CACHE_DIR", str(tmp_path))
+    model, x, config = Small(), torch.randn(3, 8), airstream.CompilerConfig()
+
+    def costs() -> Any:
+        return cache_key(model.forward, (x,), {}, config, False)["costs"]
+
+    assert costs()[1] is None, "nothing measured yet"
+    other = calibration.identity(torch.get_num_threads() + 1)
+    calibration._store(calibration._key(other), other, calibration.NOMINAL)
+    assert costs()[1] is None, "another thread count's figures are not this process's"
+    here = calibration.identity()
+    calibration._store(calibration._key(here), here, calibration.NOMINAL)
+    first = costs()[1]
+    assert first is not None
+    slower = dataclasses.replace(calibration.NOMINAL, sync_seconds=1e-3)
+    calibration._store(calibration._key(here), here, slower)
+    assert costs()[1] not in (None, first), "measured again: new figures, a new key"
+
+
 FLAG = False
 
 

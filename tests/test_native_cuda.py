@@ -74,7 +74,7 @@ def _native_graph(synchronize: bool = False) -> torch.fx.GraphModule:
         with graph.inserting_after(add):
             graph.call_function(op("synchronize_event"), (EV,))
     gm.recompile()
-    lower_native_streams(gm, _table(), graph_kind="inference")
+    lower_native_streams(gm, _table())
     return gm
 
 
@@ -265,7 +265,7 @@ def test_waiting_for_a_users_stream_that_runs_nothing_in_the_graph_still_waits()
     with gm.graph.inserting_before(first):
         gm.graph.call_function(torch_internals.streams_op("wait_stream"), (MAIN, ALT))
     gm.recompile()
-    lower_native_streams(gm, _table(), graph_kind="inference")
+    lower_native_streams(gm, _table())
     api = StandInCuda()
     executor, _ = _executor(api, gm)
     caller = api.current_stream(CUDA0)

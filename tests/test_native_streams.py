@@ -179,6 +179,37 @@ def test_a_native_block_and_airstream_stream_nest_either_way() -> None:
     assert _on(graph, aten.abs.default) == ["other"]
 
 
+def test_three_blocks_alternating_kinds_keep_their_streams_in_backward() -> None:
+    """airstream.stream inside a torch.Stream block inside airstream.stream: each op's gradient
+    runs on its own block's stream. A backward graph has no scope markers, only each node's
+    annotations; the backend leaves one per node before AOTAutograd (the order of the
+    annotation dict, which read the innermost block as the torch.Stream one, is read nowhere)."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        with airstream.stream("outer"):
+            with side:
+                with airstream.stream("inner"):
+                    a = torch.relu(x)  # inner
+                b = torch.sigmoid(a)  # side
+            c = torch.tanh(b)  # outer
+        return c
+
+    compiled, backend = compile_model(f)
+    x = torch.randn(8, requires_grad=True)
+    eager = x.detach().clone().requires_grad_(True)
+    assert_same(compiled(x), f(eager))
+    compiled(x).sum().backward()
+    f(eager).sum().backward()
+    assert_same(x.grad, eager.grad)
+    forward, backward = graph_of(backend, "forward"), graph_of(backend, "backward")
+    assert _on(forward, aten.relu.default) == ["inner"]
+    assert _on(forward, aten.sigmoid.default) == ["side"]
+    assert _on(forward, aten.tanh.default) == ["outer"]
+    assert _on(backward, aten.threshold_backward.default) == ["inner"]
+    assert _on(backward, aten.sigmoid_backward.default) == ["side"]
+    assert _on(backward, aten.tanh_backward.default) == ["outer"]
+
+
 def test_a_stream_made_inside_the_compiled_function_is_its_own_stream() -> None:
     def f(x: torch.Tensor) -> torch.Tensor:
         local = torch.Stream(device="cpu")
@@ -486,3 +517,10 @@ def test_a_current_stream_dynamo_registers_while_compiling_is_main(
     index = torch_internals.register_current_stream(torch.device("cuda"))
     table = NativeStreams.from_registry()
     assert table.label(index) is None and table.name(index) == "main"
+
+
+def test_every_op_of_torchs_stream_ir_has_one_handler() -> None:
+    """A handler renamed or an op added to the reader is a failing test, not a silent warning."""
+    from airstream.schedule.native import _HANDLERS
+
+    assert set(_HANDLERS) == set(torch_internals.STREAM_OPS)

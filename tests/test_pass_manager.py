@@ -99,19 +99,39 @@ def _stale_meta(gm: torch.fx.GraphModule, example_inputs: Any, config: Any) -> N
     sub.args = (as64, sub.args[1])
 
 
-def test_verify_passes_catches_stale_metadata_and_names_the_pass() -> None:
+def test_a_rewired_node_and_those_after_it_get_fresh_metadata() -> None:
+    """As Inductor's FakeTensorUpdater: a node whose arguments a pass changed is evaluated
+    again (verify_passes recomputes every node: none downstream is left stale either)."""
     config = airstream.CompilerConfig()
     config.post_grad_custom_pre_pass = _stale_meta
+    config.debug.verify_passes = True  # the recomputed metadata is what the inputs produce
+    compiled, backend = compile_model(Model(), config)
+    x = torch.randn(4, 4)
+    compiled(x)
+    gm = graph_of(backend, "inference").graph_module
+    sub = next(n for n in gm.graph.nodes if n.target is aten.sub.Tensor)
+    assert sub.meta["val"].dtype == torch.float64
+
+
+def _wrong_meta(gm: torch.fx.GraphModule, example_inputs: Any, config: Any) -> None:
+    """Claim sub computes float64 without changing what it computes."""
+    sub = next(n for n in gm.graph.nodes if n.target is aten.sub.Tensor)
+    sub.meta["val"] = sub.meta["val"].to(torch.float64)
+
+
+def test_verify_passes_catches_stale_metadata_and_names_the_pass() -> None:
+    config = airstream.CompilerConfig()
+    config.post_grad_custom_pre_pass = _wrong_meta
     config.debug.verify_passes = True
     err = _raise_pass_error(config, Model(), torch.randn(4, 4))
     msg = str(err)
-    assert "_stale_meta" in msg and "left the graph invalid" in msg
+    assert "_wrong_meta" in msg and "left the graph invalid" in msg
     assert "node 'sub'" in msg and "float64" in msg
 
 
 def test_without_verify_stale_metadata_is_not_checked() -> None:
     config = airstream.CompilerConfig()
-    config.post_grad_custom_pre_pass = _stale_meta
+    config.post_grad_custom_pre_pass = _wrong_meta
     compiled, _ = compile_model(Model(), config)
     compiled(torch.randn(4, 4))  # runs; verify_passes is the opt-in check
 

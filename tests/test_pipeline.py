@@ -1,6 +1,6 @@
-"""One graph's pipeline: observers cannot steer it, the module is recompiled once, the stream
-analysis is computed once per version of the graph, a pass knows which graph it is on, and a
-wait placed before its record is refused in words."""
+"""One graph's pipeline: observers cannot steer it, the module is recompiled once, each node's
+stream is written once at the end of the passes and read by every later stage, a pass knows
+which graph it is on, and a wait placed before its record is refused in words."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import torch
 from tests.conftest import assert_same, cause_of, compile_model, graph_of
 
 import airstream
+import airstream.finish
+import airstream.pipeline
 import airstream.streams
 import airstream.torch_internals
 from airstream import PassError, passes
@@ -116,17 +118,24 @@ def test_the_module_is_recompiled_once_per_pipeline() -> None:
     assert "sigmoid" in gm.code  # the one recompile shows the graph that runs
 
 
-def test_stream_analysis_runs_once_per_version(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The final passes (reinplace, which consult streams), the planner and the dump after the
-    last stage share one analysis of the final graph."""
-    calls: list[int] = []
-    original = airstream.streams.assign_streams
+def test_the_streams_are_written_once_and_every_later_stage_reads_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At the end of the passes each node's stream is written into its key, once; the final
+    passes (reinplace), the planner, max-autotune's fusion and the dumps read it from there, and
+    a node a later stage added without one is an error that names it."""
+    from airstream.streams import STREAM_KEY, assign_streams
+
+    written: list[int] = []
+    original = airstream.streams.lower_streams
 
     def counting(gm: torch.fx.GraphModule, **kwargs: Any) -> Any:
-        calls.append(len(gm.graph.nodes))
+        if not airstream.streams.is_lowered(gm):
+            written.append(len(gm.graph.nodes))
         return original(gm, **kwargs)
 
-    monkeypatch.setattr(airstream.streams, "assign_streams", counting)
+    monkeypatch.setattr(airstream.pipeline, "lower_streams", counting)
+    monkeypatch.setattr(airstream.finish, "lower_streams", counting)
     config = _config()
     config.experimental_config.reinplace_inplaceable_ops = True
     config.experimental_config.reinplace_input_mutations = True
@@ -134,10 +143,18 @@ def test_stream_analysis_runs_once_per_version(monkeypatch: pytest.MonkeyPatch) 
     with torch.no_grad():
         compiled(torch.randn(4, 8))
     graph = graph_of(backend, "inference")
-    final = [r for r in graph.passes if r.stage == "builtin_final"]
-    assert len(final) == 2
-    # one per final pass (each sees the version the one before left), one for the plan
-    assert len(calls) == len(final) + 1
+    assert len(written) == 1, "lowered once, at the end of the passes"
+    gm = graph.graph_module
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert all(STREAM_KEY in n.meta for n in calls)
+    assert {n.meta[STREAM_KEY] for n in calls} == {None, "side"}
+    assert dict(assign_streams(gm).stream_of) == {n.name: n.meta[STREAM_KEY] for n in calls}
+    # a stage after the passes that adds a node without its key is caught, by name
+    first = calls[0]
+    with gm.graph.inserting_after(first):
+        stray = gm.graph.call_function(torch.ops.aten.neg.default, (first,))
+    with pytest.raises(AirstreamError, match=f"{stray.name}.*has no stream"):
+        assign_streams(gm)
 
 
 def test_a_pass_knows_which_graph_it_is_on() -> None:

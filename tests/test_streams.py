@@ -11,7 +11,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import airstream
 from airstream import StreamError, torch_internals
-from airstream.streams import assign_streams
+from airstream.nodes import GRAPH_KIND_KEY
+from airstream.streams import assign_streams, lower_streams
 
 graph_break = torch_internals.dynamo_graph_break()
 
@@ -90,7 +91,7 @@ def test_single_stream_still_checks_pairing() -> None:
 
     gm = _trace(f, torch.randn(2))
     with pytest.raises(StreamError, match="never closed"):
-        assign_streams(gm, single_stream=True)
+        lower_streams(gm, single_stream=True)
 
 
 def test_unclosed_scope_names_node_and_graph_break() -> None:
@@ -98,8 +99,10 @@ def test_unclosed_scope_names_node_and_graph_break() -> None:
         air.scope_enter([LABEL], ["s1"])
         return x.sin()
 
+    gm = _trace(f, torch.randn(2))
+    gm.meta[GRAPH_KIND_KEY] = "forward"  # as the pipeline stamps each graph
     with pytest.raises(StreamError) as info:
-        assign_streams(_trace(f, torch.randn(2)), graph_kind="forward")
+        assign_streams(gm)
     msg = str(info.value)
     assert "scope_enter" in msg and "'s1'" in msg and "forward graph" in msg
     assert "graph break inside a stream scope is the usual cause" in msg

@@ -22,17 +22,16 @@ import torch.fx
 import airstream.ops.library  # noqa: F401  (registers the air ops)
 from airstream import torch_internals
 from airstream.config import CompilerConfig
-from airstream.debug.dump import DumpObserver, GraphDumper, dumper_for
+from airstream.debug.dump import GraphDumper, dump_observer
 from airstream.decompositions import decomposition_table
 from airstream.effects import effects
 from airstream.errors import AirstreamError, ConfigError
-from airstream.nodes import GRAPH_KINDS
+from airstream.nodes import GRAPH_KIND_KEY, GRAPH_KINDS
 from airstream.observers import CompiledGraph, CompileObserver, Observers, ReadOnly
-from airstream.ops.native import NativeStreams, attach_native_streams
 from airstream.passes.manager import pass_name
 from airstream.pipeline import GraphCompiler
 from airstream.runtime.capture_pool import CapturePool
-from airstream.schedule.native import has_native_streams, lower_native_streams
+from airstream.schedule.native import lower_native_streams, torch_streams_for
 from airstream.tracebacks import readable
 
 __all__ = [
@@ -126,19 +125,17 @@ class AirstreamBackend:
         )
         config = self.config_for(kwargs)
         subscribers: list[CompileObserver] = [_Record(self.graphs, self._lock), *self._read_only]
-        dumper = dumper_for(config)
-        if dumper is not None:
+        dumps = dump_observer(config)
+        if dumps is not None:
             with self._lock:
-                self.dumpers.append(dumper)
-            subscribers.append(DumpObserver(dumper))
+                self.dumpers.append(dumps.dumper)
+            subscribers.append(dumps)
         observer = Observers(subscribers)
-        native = None
-        if has_native_streams(gm):
-            native = NativeStreams.from_registry()
-            attach_native_streams(gm, native)
+        gm.meta[GRAPH_KIND_KEY] = "Dynamo"  # for messages (graph_kind(gm) does not take it)
+        native = torch_streams_for(gm)
         observer.graph_traced(gm)
         if native is not None:  # before AOTAutograd, which would act on Dynamo's form
-            lower_native_streams(gm, native, graph_kind="Dynamo")
+            lower_native_streams(gm, native)
             gm.recompile()  # AOTAutograd runs the module
         pool = CapturePool()  # its graphs' CUDA graphs share memory, as cudagraph trees'
         aot = torch_internals.aot_autograd(

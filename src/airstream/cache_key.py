@@ -16,6 +16,7 @@ and a load compares them (:func:`airstream.torch_internals.changed_source`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib.metadata
@@ -29,8 +30,8 @@ from typing import Any
 import torch
 
 from airstream import environment, torch_internals
-from airstream.cache_dir import cache_root
 from airstream.cached_graph import saved_options
+from airstream.calibration import stored_costs
 from airstream.config import CompilerConfig
 
 __all__ = ["cache_key", "digest", "pass_identity"]
@@ -151,9 +152,6 @@ def _input(value: Any, dynamic: bool | None) -> Any:
     return ["object", f"{type(value).__module__}.{type(value).__qualname__}"]
 
 
-_MODULE_STATE = frozenset({"_parameters", "_buffers", "_modules"})
-
-
 def _module(owner: torch.nn.Module) -> dict[str, Any]:
     """A module as a key sees it: its printed structure, each parameter's and buffer's
     metadata, and every submodule's other attributes (``training``, a flag, a function chosen
@@ -166,11 +164,7 @@ def _module(owner: torch.nn.Module) -> dict[str, Any]:
         [
             name,
             type(sub).__qualname__,
-            {
-                k: _value(v)
-                for k, v in sorted(vars(sub).items())
-                if k not in _MODULE_STATE and not (k.startswith("_") and k.endswith("hooks"))
-            },
+            {k: _value(v) for k, v in sorted(torch_internals.module_attributes(sub).items())},
         ]
         for name, sub in owner.named_modules()
     ]
@@ -212,12 +206,10 @@ def cache_key(
 
 
 def _calibration() -> str | None:
-    """A digest of the measured stream costs auto_streams decides with (None: not measured)."""
-    path = cache_root() / "calibration.json"
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        return None
+    """A digest of the measured stream costs auto_streams decides with here (None: not
+    measured); figures stored for another thread count or machine do not change it."""
+    costs = stored_costs()
+    return None if costs is None else digest(dataclasses.asdict(costs))
 
 
 def _ranks() -> list[int] | None:

@@ -54,7 +54,7 @@ from airstream import environment
 from airstream.cache_dir import cache_root
 from airstream.openmp import OPENMP_VARIABLES
 
-__all__ = ["NOMINAL", "MachineCosts", "cache_path", "identity", "machine_costs"]
+__all__ = ["NOMINAL", "MachineCosts", "cache_path", "identity", "machine_costs", "stored_costs"]
 
 
 @dataclass(frozen=True)
@@ -151,6 +151,12 @@ def _key(ident: dict[str, Any]) -> str:
 def cache_path() -> Path:
     """Where measured figures are kept."""
     return cache_root() / "calibration.json"
+
+
+def stored_costs() -> MachineCosts | None:
+    """The measured figures stored for this machine and this thread's intra-op thread count (what
+    ``machine_costs("measured")`` would return without measuring), or None."""
+    return _load(_key(identity()))
 
 
 def _load(key: str) -> MachineCosts | None:

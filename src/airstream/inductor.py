@@ -34,9 +34,10 @@ import torch.fx
 
 import airstream
 from airstream import torch_internals
+from airstream.devices import graph_device
 from airstream.passes.manager import pass_name
 from airstream.schedule.native import has_native_streams
-from airstream.schedule.native_out import NativeWritten, device_of, write_native
+from airstream.schedule.native_out import NativeWritten, write_native
 
 __all__ = ["for_inductor"]
 
@@ -92,7 +93,7 @@ def for_inductor(graph_pass: GraphPass, *, on_cpu: bool = False) -> Any:
 
         def _declined(self, gm: torch.fx.GraphModule) -> str | None:
             """Why this graph is handed on as it is, or None."""
-            if device_of(gm).type == "cpu" and not on_cpu:
+            if graph_device(gm).type == "cpu" and not on_cpu:
                 return (
                     "leaves a CPU graph as it is: Inductor's CPU code cannot run streams. "
                     "Compile with airstream's backend (torch.compile(model, "

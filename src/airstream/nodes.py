@@ -18,6 +18,7 @@ __all__ = [
     "GRAPH_KINDS",
     "GRAPH_KIND_KEY",
     "MADE_AFTER_KEY",
+    "INSERTED_BY_KEY",
     "SEGMENT_KEY",
     "graph_kind",
     "segment_of",
@@ -29,6 +30,7 @@ __all__ = [
 
 
 SEGMENT_KEY = "air_segment"  # node.meta key of a fused max-autotune node: its CompiledSegment
+INSERTED_BY_KEY = "air_inserted_by"  # node.meta key: the pass that added the node (its name)
 # node.meta key of a view made after a max-autotune segment from what it returns (its name)
 MADE_AFTER_KEY = "air_made_after"
 GRAPH_KIND_KEY = "air_graph_kind"  # gm.meta key: which graph of a compile this is
@@ -128,7 +130,7 @@ def describe(node: torch.fx.Node) -> str:
     line = source_line(node)
     if line:
         return f"{text} at {line}"
-    inserted_by = node.meta.get("air_inserted_by")
+    inserted_by = node.meta.get(INSERTED_BY_KEY)
     if inserted_by:
         return f"{text}, inserted by pass {inserted_by!r} (no source line)"
     return f"{text} (no source line recorded)"

@@ -7,16 +7,21 @@ receives it, before each pass, after each stage, a failure) with the events arou
 
     graph_traced     the Dynamo graph, before AOTAutograd (once per Dynamo graph)
     started ... stage_done ... failed      the pass pipeline (per inference/forward/backward graph)
-    plan_built       the final graph, its streams, its plan and the code that will run
-    graph_compiled   the CompiledGraph handed to AOTAutograd
+    graph_compiled   the CompiledGraph handed to AOTAutograd: the final graph, its streams,
+                     its plan, its passes' results and the executor (its code)
+
+:class:`Observers` (several as one) and :class:`ReadOnly` (one held to looking) forward every
+event through one method each.
 
 Runtime events (a call's per-stream timeline) go through ``runtime/trace.py``'s listeners.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch.fx
 
@@ -58,60 +63,45 @@ class CompileObserver(PassObserver):
     def graph_traced(self, gm: torch.fx.GraphModule) -> None:
         """The graph Dynamo captured, before AOTAutograd."""
 
-    def plan_built(
-        self,
-        graph_kind: str,
-        gm: torch.fx.GraphModule,
-        streams: StreamAssignment,
-        plan: StreamPlan,
-        code: str,
-    ) -> None:
-        """The final graph (after max-autotune's fusion), its streams, plan and generated code."""
-
     def graph_compiled(self, compiled: CompiledGraph) -> None:
         """The compiled graph, as ``backend.graphs`` lists it."""
 
 
-class Observers(CompileObserver):
+class _Forwarding(CompileObserver):
+    """Every event handed on through :meth:`_forward`, the one place a subclass says how."""
+
+    def _forward(self, event: str, gm: torch.fx.GraphModule, *args: Any) -> list[Any]:
+        """Hand ``event(*args)`` on (``gm``: the graph it shows); return what each answered."""
+        raise NotImplementedError
+
+    def graph_traced(self, gm: torch.fx.GraphModule) -> None:
+        self._forward("graph_traced", gm, gm)
+
+    def started(self, gm: torch.fx.GraphModule, graph_kind: str) -> None:
+        self._forward("started", gm, gm, graph_kind)
+
+    def before_pass(self, spec: PassSpec, gm: torch.fx.GraphModule, graph_kind: str) -> None:
+        self._forward("before_pass", gm, spec, gm, graph_kind)
+
+    def stage_done(self, stage: str, gm: torch.fx.GraphModule, graph_kind: str) -> None:
+        self._forward("stage_done", gm, stage, gm, graph_kind)
+
+    def failed(self, spec: PassSpec, gm: torch.fx.GraphModule, graph_kind: str) -> str | None:
+        paths = [p for p in self._forward("failed", gm, spec, gm, graph_kind) if p]
+        return paths[0] if paths else None
+
+    def graph_compiled(self, compiled: CompiledGraph) -> None:
+        self._forward("graph_compiled", compiled.graph_module, compiled)
+
+
+class Observers(_Forwarding):
     """Several observers as one, called in order."""
 
     def __init__(self, observers: Sequence[CompileObserver]) -> None:
         self.observers = tuple(observers)
 
-    def graph_traced(self, gm: torch.fx.GraphModule) -> None:
-        for o in self.observers:
-            o.graph_traced(gm)
-
-    def started(self, gm: torch.fx.GraphModule, graph_kind: str) -> None:
-        for o in self.observers:
-            o.started(gm, graph_kind)
-
-    def before_pass(self, spec: PassSpec, gm: torch.fx.GraphModule, graph_kind: str) -> None:
-        for o in self.observers:
-            o.before_pass(spec, gm, graph_kind)
-
-    def stage_done(self, stage: str, gm: torch.fx.GraphModule, graph_kind: str) -> None:
-        for o in self.observers:
-            o.stage_done(stage, gm, graph_kind)
-
-    def failed(self, spec: PassSpec, gm: torch.fx.GraphModule, graph_kind: str) -> str | None:
-        paths = [p for o in self.observers if (p := o.failed(spec, gm, graph_kind))]
-        return paths[0] if paths else None
-
-    def plan_built(
-        self,
-        graph_kind: str,
-        gm: torch.fx.GraphModule,
-        streams: StreamAssignment,
-        plan: StreamPlan,
-        code: str,
-    ) -> None:
-        for o in self.observers:
-            o.plan_built(graph_kind, gm, streams, plan, code)
-
-    def graph_compiled(self, compiled: CompiledGraph) -> None:
-        for o in self.observers:
-            o.graph_compiled(compiled)
+    def _forward(self, event: str, gm: torch.fx.GraphModule, *args: Any) -> list[Any]:
+        return [getattr(o, event)(*args) for o in self.observers]
 
 
 def _fingerprint(gm: torch.fx.GraphModule) -> list[tuple[object, ...]]:
@@ -123,18 +113,34 @@ def _fingerprint(gm: torch.fx.GraphModule) -> list[tuple[object, ...]]:
     ]
 
 
-class ReadOnly(CompileObserver):
+class ReadOnly(_Forwarding):
     """An observer held to looking: after each event that hands it a graph, the graph must be as
     it was (nodes, arguments, meta keys, annotations), else the compile stops with an error
     naming the observer and the event. The backend wraps the observers a user gives it."""
 
     def __init__(self, observer: CompileObserver) -> None:
         self.observer = observer
+        # airstream 0.x's plan_built(graph_kind, gm, streams, plan, code), folded into
+        # graph_compiled: still called, with a warning, for an observer that defines it
+        self._plan_built = getattr(observer, "plan_built", None)
+        if self._plan_built is not None:
+            warnings.warn(
+                f"airstream: observer {type(observer).__qualname__} defines plan_built, which "
+                "is now part of graph_compiled(compiled): read compiled.graph_module, "
+                "compiled.streams, compiled.plan and compiled.executor.code there. plan_built "
+                "is still called for now",
+                FutureWarning,
+                stacklevel=5,  # get_backend's caller
+            )
 
-    def _watch(self, event: str, gm: torch.fx.GraphModule, *args: object) -> None:
-        """Hand the observer ``event`` and stop the compile if it changed the graph."""
+    def _forward(self, event: str, gm: torch.fx.GraphModule, *args: Any) -> list[Any]:
+        if event == "failed":  # the graph is the failing pass's: nothing to guard
+            return [self.observer.failed(*args)]
         before = _fingerprint(gm)
-        getattr(self.observer, event)(*args)
+        answer = getattr(self.observer, event)(*args)
+        if event == "graph_compiled" and self._plan_built is not None:
+            (c,) = args
+            self._plan_built(c.kind, c.graph_module, c.streams, c.plan, c.executor.code)
         if _fingerprint(gm) != before:
             raise AirstreamError(
                 f"observer {type(self.observer).__qualname__} changed the graph in {event}: "
@@ -142,31 +148,4 @@ class ReadOnly(CompileObserver):
                 "instead of editing it; to change the graph, write a pass "
                 "(config.post_grad_custom_pre_pass / post_grad_custom_post_pass)."
             )
-
-    def graph_traced(self, gm: torch.fx.GraphModule) -> None:
-        self._watch("graph_traced", gm, gm)
-
-    def started(self, gm: torch.fx.GraphModule, graph_kind: str) -> None:
-        self._watch("started", gm, gm, graph_kind)
-
-    def before_pass(self, spec: PassSpec, gm: torch.fx.GraphModule, graph_kind: str) -> None:
-        self._watch("before_pass", gm, spec, gm, graph_kind)
-
-    def stage_done(self, stage: str, gm: torch.fx.GraphModule, graph_kind: str) -> None:
-        self._watch("stage_done", gm, stage, gm, graph_kind)
-
-    def failed(self, spec: PassSpec, gm: torch.fx.GraphModule, graph_kind: str) -> str | None:
-        return self.observer.failed(spec, gm, graph_kind)
-
-    def plan_built(
-        self,
-        graph_kind: str,
-        gm: torch.fx.GraphModule,
-        streams: StreamAssignment,
-        plan: StreamPlan,
-        code: str,
-    ) -> None:
-        self._watch("plan_built", gm, graph_kind, gm, streams, plan, code)
-
-    def graph_compiled(self, compiled: CompiledGraph) -> None:
-        self._watch("graph_compiled", compiled.graph_module, compiled)
+        return [answer]

@@ -1,6 +1,11 @@
-"""One graph's compile: passes -> stream analysis -> plan -> (max-autotune: fuse, plan again)
--> executor, every step announced to the observers. This module runs the passes (and lowers the
-tagged events and PyTorch stream IR they leave); :func:`airstream.finish.finish_graph` the rest,
+"""One graph's compile: passes -> the streams settled -> final built-ins -> (stream analysis,
+plan, max-autotune's segments, executor: :func:`airstream.finish.finish_graph`), every step
+announced to the observers.
+
+This module runs the passes and, between the custom post pass(es) and the final built-ins,
+settles the streams: the tagged events and PyTorch stream IR the passes left are lowered to
+``record``/``wait``, and :func:`airstream.streams.lower_streams` writes each node's stream into
+one key, which every later stage reads. :func:`airstream.finish.finish_graph` does the rest,
 where the mode is resolved once per graph, by its device where the config leaves it at
 ``"default"`` (:func:`airstream.mode.resolve_mode`). In an ahead-of-time compile
 (:func:`airstream.cache_compile`) the graph as the passes left it is saved with the executor
@@ -8,15 +13,12 @@ where the mode is resolved once per graph, by its device where the config leaves
 
 :class:`GraphCompiler` is the AOTAutograd graph compiler the backend hands AOTAutograd for the
 inference, forward and backward graphs (and :func:`airstream.get_compiler` to those who call
-AOTAutograd themselves). The stream analysis of each settled version of the graph is computed
-once (:func:`airstream.streams.stream_analysis`) and shared by the final passes, the planner and
-the dumps; its notes (a stream given two priorities) are emitted once, here.
+AOTAutograd themselves).
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -25,26 +27,32 @@ import torch.fx
 from airstream import torch_internals
 from airstream.cached_graph import cached_graph
 from airstream.config import CompilerConfig
-from airstream.debug.dump import DumpObserver, dumper_for
+from airstream.debug.dump import dump_observer
 from airstream.finish import finish_graph
 from airstream.nodes import GRAPH_KIND_KEY, GRAPH_KINDS, graph_kind
 from airstream.observers import CompileObserver
-from airstream.ops.native import NativeStreams, attach_native_streams
+from airstream.ops.native import NativeStreams
 from airstream.passes.manager import PassManager
 from airstream.passes.tagged_events import lower_tagged_events
 from airstream.runtime.capture_pool import CapturePool
 from airstream.runtime.codegen import Executor
-from airstream.schedule.native import has_native_streams, lower_native_streams
-from airstream.streams import stream_analysis
+from airstream.schedule.native import lower_native_streams, torch_streams_for
+from airstream.streams import lower_streams
 
-__all__ = ["GraphCompiler"]
+__all__ = ["GraphCompiler", "settle_streams"]
 
 
-def _stream_labels(
-    gm: torch.fx.GraphModule, *, single_stream: bool, graph_kind: str
-) -> Mapping[str, str | None]:
-    """Each node's stream as the graph stands, for the final passes that consult it."""
-    return stream_analysis(gm, single_stream=single_stream, graph_kind=graph_kind).stream_of
+def settle_streams(
+    gm: torch.fx.GraphModule, config: CompilerConfig, native: NativeStreams | None = None
+) -> None:
+    """The end of the passes: what they wrote as TorchAir tagged events or in PyTorch's stream
+    IR lowered to ``record``/``wait``, then each node's stream written into its key
+    (``ge_config.enable_single_stream``: main for every node)."""
+    lower_tagged_events(gm)
+    table = torch_streams_for(gm, native)
+    if table is not None:
+        lower_native_streams(gm, table)
+    lower_streams(gm, single_stream=config.ge_config.enable_single_stream)
 
 
 class GraphCompiler:
@@ -74,23 +82,18 @@ class GraphCompiler:
         gm.meta[GRAPH_KIND_KEY] = kind  # passes ask airstream.passes.graph_kind(gm)
         observer = self.observer
         if observer is None:  # called directly (get_compiler): dumps as the config asks
-            dumper = dumper_for(config)
-            observer = DumpObserver(dumper) if dumper is not None else CompileObserver()
-        single = config.ge_config.enable_single_stream
+            observer = dump_observer(config) or CompileObserver()
         native = self.native
         if native is not None:
-            attach_native_streams(gm, native)
-        labels = functools.partial(_stream_labels, single_stream=single, graph_kind=kind)
-        results = PassManager(config, observer, labels).run(gm, example_inputs, kind)
-        nodes = len(gm.graph.nodes)
-        changed = lower_tagged_events(gm) > 0 or len(gm.graph.nodes) != nodes
-        if has_native_streams(gm):  # what passes wrote in PyTorch's stream IR
-            native = native if native is not None else NativeStreams.from_registry()
-            lower_native_streams(gm, native, graph_kind=kind)
-            changed = True
+            torch_streams_for(gm, native)
+
+        def settle(graph: torch.fx.GraphModule) -> None:
+            settle_streams(graph, config, native)
+
+        results = PassManager(config, observer).run(gm, example_inputs, kind, settle)
         saved = torch_internals.dump_graph(gm) if torch_internals.bundling_compile() else None
         executor = finish_graph(
-            gm, config, kind, observer, tuple(results), changed, capture_pool=self.capture_pool
+            gm, config, kind, observer, tuple(results), capture_pool=self.capture_pool
         )
         if saved is not None:  # an ahead-of-time compile (airstream.cache_compile) saves it
             static = torch_internals.static_input_indices() if kind != "backward" else None

@@ -1,22 +1,30 @@
-"""Stream analysis: which stream each node runs on, and the checks that reject bad graphs.
+"""Each node's stream: the one fact every stage after the passes reads, and the checks that
+reject bad stream programs.
 
-Rules (docs/design.md section 3): the main stream is label ``None``; a node between ``scope_enter``
-(key ``_user_stream_label``) and its matching ``scope_exit`` runs on that label, scopes nest and
-the innermost label wins; a node outside every stream scope may carry
-``node.meta["custom"]["air_stream"]`` or a ``torch.Stream`` block's registry index (read through
-the graph's ``NativeStreams`` table; the later of the two annotations is the inner block), and
-inside a scope a native index is inner unless the scope was opened inside that block; else it is
-on the main stream. ``getitem`` (tuple indexing,
-no kernel) runs on its producer's stream, wherever it sits. ``scope_enter``/``scope_exit`` sit on
-the stream around the scope they open/close, in every model (an annotation never moves them).
-Other scope keys are reported per node (``scope_attrs``). With ``ge_config.enable_single_stream``
-every node is on main.
+Model code and passes say where a node runs in several ways (the front ends): ``scope_enter``/
+``scope_exit`` markers (a pass's, TorchAir's, ``airstream.stream``'s), the ``air_stream``
+annotation (``airstream.stream``; it reaches backward graphs), a ``torch.Stream`` block's registry
+index (read through the graph's ``NativeStreams`` table), TorchAir's tagged events and PyTorch's
+event ops (lowered to ``record``/``wait`` before this is asked) and ``ge_config.
+enable_single_stream``. At the end of the passes :func:`lower_streams` writes the answer into
+one key per node, ``node.meta["air_stream_label"]`` (:data:`STREAM_KEY`), with the non-stream
+scope keys in ``node.meta["air_scope"]``; from then on :func:`assign_streams` reads those keys
+and checks the graph (a node a later stage added without a stream is an error naming it).
+Before that, for a graph still in the passes, it works the answer out from the front ends:
 
-The analysis is pure: it reads the graph and returns plain data (warnings about it travel as
-``notes``, emitted by whoever plans the graph). :func:`stream_analysis` keeps the result of the
-graph's current version: the pipeline marks each version (:func:`mark_version`) once a stage has
-finished editing the graph, and takes the mark away (:func:`unmark_version`) before a pass runs;
-a graph without a mark is analysed afresh every time.
+the main stream is label ``None``; a node between ``scope_enter`` (key ``_user_stream_label``)
+and its matching ``scope_exit`` runs on that label, scopes nest and the innermost label wins;
+inside a scope a native index is an inner block unless the scope was opened inside that same
+block; outside every stream scope a native index, else the ``air_stream`` annotation, decides
+(the backend removes, before AOTAutograd, a native index from every node that an inner
+``airstream.stream`` block moved: :func:`settle_annotations`; no rule reads the order of the
+annotation dict); else the node is on main. ``getitem`` (tuple indexing, no kernel) runs on its
+producer's stream, wherever it sits. ``scope_enter``/``scope_exit`` sit on the stream around the
+scope they open/close. Other scope keys are reported per node (``scope_attrs``).
+
+Both readers are pure: they read the graph and return plain data (warnings travel as
+``notes``, emitted by whoever plans the graph). Reading the keys is one walk over the graph, so
+nothing is kept between calls.
 """
 
 from __future__ import annotations
@@ -30,10 +38,11 @@ import torch
 import torch.fx
 
 from airstream.errors import StreamError
-from airstream.nodes import describe
+from airstream.nodes import GRAPH_KIND_KEY, describe
 from airstream.ops.library import (
     STREAM_LABEL_KEY,
     STREAM_PRIORITY_KEY,
+    air_op_for,
     record,
     scope_enter,
     scope_exit,
@@ -42,7 +51,7 @@ from airstream.ops.library import (
 )
 from airstream.ops.native import (
     NativeStreams,
-    innermost_annotation,
+    drop_native_index,
     native_index,
     native_streams_of,
 )
@@ -50,15 +59,18 @@ from airstream.ops.stream import STREAM_ANNOTATION, STREAM_PRIORITY_ANNOTATION
 from airstream.torch_internals import node_value, stream_annotations
 
 __all__ = [
+    "SCOPE_KEY",
+    "STREAM_KEY",
     "StreamAssignment",
     "assign_streams",
-    "mark_version",
-    "stream_analysis",
-    "unmark_version",
+    "is_lowered",
+    "lower_streams",
+    "settle_annotations",
 ]
 
-_VERSION_KEY = "air_graph_version"  # gm.meta: a token for the graph as it stands
-_ANALYSIS_KEY = "air_stream_analysis"  # gm.meta: (token, single_stream, its StreamAssignment)
+STREAM_KEY = "air_stream_label"  # node.meta: the node's stream (None: main), once lowered
+SCOPE_KEY = "air_scope"  # node.meta: the non-stream scope keys in force (TorchAir's scopes)
+_LOWERED_KEY = "air_streams_lowered"  # gm.meta: every call node carries STREAM_KEY
 
 _GRAPH_BREAK_HINT = (
     "A graph break inside a stream scope is the usual cause: the graph ends (or starts) inside "
@@ -116,6 +128,21 @@ class _Scope:
     native: int | None = None  # the native stream its scope_enter was traced under
 
 
+# the nodes that run: an aten graph's calls, and a Dynamo graph's method and module calls
+_CALLS = frozenset({"call_function", "call_method", "call_module"})
+
+
+def _target(node: torch.fx.Node) -> object:
+    """The node's op, an ``air`` op written as its packet (a Dynamo graph's) or another name of
+    it (TorchAir's ``npugraph_ex``) read as the op itself."""
+    return air_op_for(node.target) or node.target
+
+
+def _kind(gm: torch.fx.GraphModule) -> str:
+    """The graph's kind for messages: ``inference``, ``forward``, ``backward``, ``Dynamo``."""
+    return str(gm.meta.get(GRAPH_KIND_KEY, "given"))
+
+
 def _native_label(node: torch.fx.Node, index: int, table: NativeStreams | None) -> str | None:
     """The label of the native stream at registry ``index`` (``stream<i>`` without a table)."""
     if table is None:
@@ -124,10 +151,6 @@ def _native_label(node: torch.fx.Node, index: int, table: NativeStreams | None) 
         return table.label(index)
     except KeyError as exc:
         raise StreamError(f"{describe(node)}: {exc.args[0]}") from None
-
-
-# the nodes that run: an aten graph's calls, and a Dynamo graph's method and module calls
-_CALLS = frozenset({"call_function", "call_method", "call_module"})
 
 
 def _parse_enter(node: torch.fx.Node) -> _Scope:
@@ -166,7 +189,7 @@ def _check_wait(node: torch.fx.Node) -> None:
             f"got {deps!r}"
         )
     for i, dep in enumerate(deps):
-        if isinstance(dep, torch.fx.Node) and dep.target is record:
+        if isinstance(dep, torch.fx.Node) and _target(dep) is record:
             continue
         if _is_tensor_node(dep):
             continue
@@ -190,10 +213,12 @@ def _check_wait_tensor(node: torch.fx.Node) -> None:
 
 
 def _annotation(node: torch.fx.Node, table: NativeStreams | None) -> tuple[str | None, int | None]:
+    """A node's stream outside every stream scope: its native block's, else its
+    ``airstream.stream`` annotation's (with the priority the annotation gives)."""
+    native = native_index(node)
+    if native is not None:
+        return _native_label(node, native, table), None
     custom = stream_annotations(node)
-    innermost = innermost_annotation(node)
-    if innermost is not None and innermost[0] == "native":
-        return _native_label(node, innermost[1], table), None
     label = custom.get(STREAM_ANNOTATION)
     if label is not None and (not isinstance(label, str) or not label):
         raise StreamError(
@@ -204,118 +229,172 @@ def _annotation(node: torch.fx.Node, table: NativeStreams | None) -> tuple[str |
     return label, None if priority is None else _parse_priority(node, priority)
 
 
-def assign_streams(
-    gm: torch.fx.GraphModule, *, single_stream: bool = False, graph_kind: str = "graph"
-) -> StreamAssignment:
-    """Decide every node's stream and check the stream program; raise StreamError if invalid.
-    Reads the graph only."""
-    stack: list[_Scope] = []
-    notes: list[str] = []
-    table = native_streams_of(gm)
-    stream_of: dict[str, str | None] = {}
-    priorities: dict[str, int] = {}
-    scope_attrs: dict[str, dict[str, str]] = {}
-    order: dict[str | None, None] = {None: None}
+class _Walk:
+    """What one walk over a graph (:func:`_walk`) finds: every call's stream, the scopes around
+    it, the checks. ``shadowed``: the nodes whose native index an inner ``airstream.stream``
+    scope overrides."""
 
-    def note_priority(node: torch.fx.Node, label: str, priority: int | None) -> None:
-        if priority is None:
-            return
-        old = priorities.setdefault(label, priority)
-        if old != priority:
-            notes.append(
-                f"airstream: stream {label!r} is given priority {priority} at {describe(node)} "
-                f"but priority {old} earlier in the {graph_kind} graph; using {old}"
-            )
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        self.gm = gm
+        self.kind = _kind(gm)
+        self.lowered = bool(gm.meta.get(_LOWERED_KEY))
+        self.table = native_streams_of(gm)
+        self.stack: list[_Scope] = []
+        self.stream_of: dict[str, str | None] = {}
+        self.scope_attrs: dict[str, dict[str, str]] = {}
+        self.given: dict[str, list[tuple[torch.fx.Node, int]]] = {}  # label: its priorities
+        self.shadowed: list[torch.fx.Node] = []
 
-    for node in gm.graph.nodes:
-        if node.op not in _CALLS:
-            continue
-        if node.target is scope_exit:
-            if not stack:
-                raise StreamError(
-                    f"{describe(node)} in the {graph_kind} graph closes a scope that was never "
-                    "opened: you must first call the torch.ops.air.scope_enter operator, as "
-                    f"scope_enter and scope_exit are called in pairs. {_GRAPH_BREAK_HINT}"
-                )
-            stack.pop()
-        scope = next((s for s in reversed(stack) if s.label is not None), None)
-        label = scope.label if scope is not None else None
-        marker = node.target in (scope_enter, scope_exit)  # on the stream around its scope
-        native = native_index(node)
+    def _label(self, node: torch.fx.Node, native: int | None) -> str | None:
+        """The front ends' answer for ``node`` (the scope stack as it stands at it)."""
+        scope = next((s for s in reversed(self.stack) if s.label is not None), None)
+        marker = _target(node) in (scope_enter, scope_exit)  # on the stream around its scope
         if scope is not None:
             # a native block entered inside the scope is inner; one entered around it is not
             if native is not None and native != scope.native:
-                label = _native_label(node, native, table)
-        elif not marker:  # outside every stream scope: the innermost annotation decides
-            label, priority = _annotation(node, table)
-            if label is not None and not single_stream:
-                note_priority(node, label, priority)
-        elif native is not None:  # a marker inside a native block only
-            label = _native_label(node, native, table)
-        producer = node.args[0] if node.target is operator.getitem and node.args else None
-        if isinstance(producer, torch.fx.Node) and producer.name in stream_of:
-            label = stream_of[producer.name]  # tuple indexing runs with its producer
+                return _native_label(node, native, self.table)
+            if native is not None and not marker:
+                self.shadowed.append(node)
+            return scope.label
+        if not marker:  # outside every stream scope: the annotations decide
+            label, priority = _annotation(node, self.table)
+            if label is not None and priority is not None:
+                self.given.setdefault(label, []).append((node, priority))
+            return label
+        if native is not None:  # a marker inside a native block only
+            return _native_label(node, native, self.table)
+        return None
+
+    def visit(self, node: torch.fx.Node) -> None:
+        target = _target(node)
+        if target is scope_exit:
+            if not self.stack:
+                raise StreamError(
+                    f"{describe(node)} in the {self.kind} graph closes a scope that was never "
+                    "opened: you must first call the torch.ops.air.scope_enter operator, as "
+                    f"scope_enter and scope_exit are called in pairs. {_GRAPH_BREAK_HINT}"
+                )
+            self.stack.pop()
+        native = native_index(node)
+        label = self._label(node, native)  # the front ends' (their priorities noted)
+        producer = node.args[0] if target is operator.getitem and node.args else None
+        if isinstance(producer, torch.fx.Node) and producer.name in self.stream_of:
+            label = self.stream_of[producer.name]  # tuple indexing runs with its producer
+        if self.lowered:  # the key says it
+            if STREAM_KEY not in node.meta:
+                raise StreamError(
+                    f"{describe(node)} in the {self.kind} graph has no stream: a stage after "
+                    "the passes added it without node.meta[airstream.streams.STREAM_KEY] "
+                    "(copy the meta of the node it replaces). This is a bug in airstream."
+                )
+            label = node.meta[STREAM_KEY]
+        self.stream_of[node.name] = label
         attrs: dict[str, str] = {}
-        for scope in stack:
+        for scope in self.stack:
             attrs.update(scope.attrs)
-        if single_stream:
-            label = None
-        stream_of[node.name] = label
-        order.setdefault(label, None)
         if attrs:
-            scope_attrs[node.name] = attrs
-        if node.target is scope_enter:
+            self.scope_attrs[node.name] = attrs
+        if target is scope_enter:
             opened = _parse_enter(node)
             opened.native = native
             if opened.label is not None:
                 raw = opened.attrs.pop(STREAM_PRIORITY_KEY, None)
-                prio = None if raw is None else _parse_priority(node, raw)
-                if not single_stream:
-                    note_priority(node, opened.label, prio)
-            stack.append(opened)
-        elif node.target is wait:
+                if raw is not None:
+                    prio = _parse_priority(node, raw)
+                    self.given.setdefault(opened.label, []).append((node, prio))
+            self.stack.append(opened)
+        elif target is wait:
             _check_wait(node)
-        elif node.target is wait_tensor:
+        elif target is wait_tensor:
             _check_wait_tensor(node)
 
-    if stack:
-        scope = stack[-1]
+    def result(self) -> StreamAssignment:
+        order: dict[str | None, None] = {None: None}
+        for label in self.stream_of.values():
+            order.setdefault(label, None)
+        priorities: dict[str, int] = {}
+        notes: list[str] = []
+        for label, given in self.given.items():
+            if label not in order:  # a stream nothing runs on (single-stream mode)
+                continue
+            (_, first), *rest = given
+            priorities[label] = first
+            for node, priority in rest:
+                if priority != first:
+                    notes.append(
+                        f"airstream: stream {label!r} is given priority {priority} at "
+                        f"{describe(node)} but priority {first} earlier in the {self.kind} "
+                        f"graph; using {first}"
+                    )
+        return StreamAssignment(
+            stream_of=MappingProxyType(self.stream_of),
+            streams=tuple(order),
+            priorities=MappingProxyType(priorities),
+            scope_attrs=MappingProxyType(
+                {k: MappingProxyType(v) for k, v in self.scope_attrs.items()}
+            ),
+            notes=tuple(notes),
+        )
+
+
+def _walk(gm: torch.fx.GraphModule) -> _Walk:
+    """Walk ``gm``'s calls in order; raise StreamError for a scope left open."""
+    walk = _Walk(gm)
+    for node in gm.graph.nodes:
+        if node.op in _CALLS:
+            walk.visit(node)
+    if walk.stack:
+        scope = walk.stack[-1]
         what = f"stream scope {scope.label!r}" if scope.label else f"scope {scope.attrs}"
         raise StreamError(
-            f"{describe(scope.node)} in the {graph_kind} graph opens {what} that is never closed: "
-            "there is no paired call to the torch.ops.air.scope_exit operator. "
+            f"{describe(scope.node)} in the {walk.kind} graph opens {what} that is never "
+            "closed: there is no paired call to the torch.ops.air.scope_exit operator. "
             f"{_GRAPH_BREAK_HINT}"
         )
-    return StreamAssignment(
-        stream_of=MappingProxyType(stream_of),
-        streams=tuple(order),
-        priorities=MappingProxyType(priorities),
-        scope_attrs=MappingProxyType({k: MappingProxyType(v) for k, v in scope_attrs.items()}),
-        notes=tuple(notes),
-    )
+    return walk
 
 
-def mark_version(gm: torch.fx.GraphModule) -> None:
-    """The graph will not change until :func:`unmark_version`: analyses of it may be kept."""
-    gm.meta[_VERSION_KEY] = object()
+def assign_streams(gm: torch.fx.GraphModule) -> StreamAssignment:
+    """Every node's stream, and the stream program checked; raises StreamError if invalid.
+    A lowered graph's (:func:`lower_streams`) is read from its nodes' keys; a graph still in
+    the passes has it worked out from its front ends. Reads the graph only."""
+    return _walk(gm).result()
 
 
-def unmark_version(gm: torch.fx.GraphModule) -> None:
-    """The graph is about to change (a pass runs): forget what was kept about it."""
-    gm.meta.pop(_VERSION_KEY, None)
-    gm.meta.pop(_ANALYSIS_KEY, None)
+def is_lowered(gm: torch.fx.GraphModule) -> bool:
+    """Whether :func:`lower_streams` has written every node's stream into ``gm``."""
+    return bool(gm.meta.get(_LOWERED_KEY))
 
 
-def stream_analysis(
-    gm: torch.fx.GraphModule, *, single_stream: bool = False, graph_kind: str = "graph"
-) -> StreamAssignment:
-    """:func:`assign_streams`, computed once per marked version of the graph."""
-    token = gm.meta.get(_VERSION_KEY)
-    if token is None:
-        return assign_streams(gm, single_stream=single_stream, graph_kind=graph_kind)
-    kept = gm.meta.get(_ANALYSIS_KEY)
-    if kept is not None and kept[0] is token and kept[1] == single_stream:
-        return kept[2]
-    found = assign_streams(gm, single_stream=single_stream, graph_kind=graph_kind)
-    gm.meta[_ANALYSIS_KEY] = (token, single_stream, found)
-    return found
+def lower_streams(gm: torch.fx.GraphModule, *, single_stream: bool = False) -> StreamAssignment:
+    """Write each call's stream into ``node.meta[STREAM_KEY]`` (every node on main with
+    ``single_stream``) and its non-stream scope keys into ``node.meta[SCOPE_KEY]``, as the front
+    ends say them now; return the analysis. The end of the passes: stages after it keep the key
+    on every node they add (a node copied with its meta keeps it)."""
+    walk = _walk(gm)
+    if walk.lowered:
+        return walk.result()
+    labels = walk.stream_of
+    for node in gm.graph.nodes:
+        if node.op not in _CALLS:
+            continue
+        if single_stream:
+            labels[node.name] = None
+        node.meta[STREAM_KEY] = labels[node.name]
+        attrs = walk.scope_attrs.get(node.name)
+        if attrs is not None:
+            node.meta[SCOPE_KEY] = dict(attrs)
+    gm.meta[_LOWERED_KEY] = True
+    return walk.result()  # what reading the keys now gives
+
+
+def settle_annotations(gm: torch.fx.GraphModule) -> int:
+    """Remove the native stream index of every node an inner ``airstream.stream`` block moved
+    off that stream; return how many. Run on the Dynamo graph before AOTAutograd: scope markers
+    say which block is inner there, and a backward graph, which has no markers, then reads each
+    node's one remaining annotation (its native index where the torch.Stream block is inner,
+    else its ``air_stream`` label)."""
+    shadowed = _walk(gm).shadowed
+    for node in shadowed:
+        drop_native_index(node)
+    return len(shadowed)

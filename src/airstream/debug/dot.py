@@ -8,7 +8,13 @@ import torch
 import torch.fx
 
 from airstream.debug.report import native_call_text
-from airstream.nodes import segment_of, source_line, target_name, torch_function_name
+from airstream.nodes import (
+    INSERTED_BY_KEY,
+    segment_of,
+    source_line,
+    target_name,
+    torch_function_name,
+)
 from airstream.ops.library import (
     STREAM_LABEL_KEY,
     record,
@@ -142,7 +148,7 @@ def _node_attrs(
     node: torch.fx.Node, label: str | None, colour: dict[str | None, str]
 ) -> dict[str, str]:
     """Shape, colour, text and tooltip of one node."""
-    inserted = node.meta.get("air_inserted_by")
+    inserted = node.meta.get(INSERTED_BY_KEY)
     tooltip = source_line(node) or (f"inserted by pass {inserted}" if inserted else node.name)
     attrs = {"tooltip": tooltip}
     fill = colour.get(label, "white")

@@ -57,9 +57,9 @@ from airstream.errors import StreamError
 from airstream.observers import CompileObserver
 from airstream.passes.manager import PassSpec
 from airstream.schedule.plan import StreamPlan
-from airstream.streams import StreamAssignment, stream_analysis
+from airstream.streams import StreamAssignment, assign_streams
 
-__all__ = ["DumpObserver", "GraphDumper", "dumper_for", "start_run"]
+__all__ = ["DumpObserver", "GraphDumper", "dump_observer", "dumper_for", "start_run"]
 
 
 _numbers: dict[str, itertools.count[int]] = {}
@@ -252,7 +252,7 @@ class GraphDumper:
 
     def _streams(self, gm: torch.fx.GraphModule) -> StreamAssignment | None:
         try:
-            return stream_analysis(gm)
+            return assign_streams(gm)
         except StreamError:
             return None  # an intermediate graph may hold half a scope: dump it plain
 
@@ -323,6 +323,13 @@ def dumper_for(config: Any) -> GraphDumper | None:
     return None if dump.type is None else GraphDumper(dump.type, dump.path, dump.naming)
 
 
+def dump_observer(config: Any) -> DumpObserver | None:
+    """The observer writing the dumps a config asks for (its ``dumper``), or None when dumps
+    are off."""
+    dumper = dumper_for(config)
+    return None if dumper is None else DumpObserver(dumper)
+
+
 def _snapshot(gm: torch.fx.GraphModule) -> torch.fx.Graph:
     """A copy of ``gm``'s graph (nodes and their meta), rendered only if it is asked for."""
     graph = torch.fx.Graph()
@@ -364,15 +371,10 @@ class DumpObserver(CompileObserver):
         name = spec.name.rsplit(".", 1)[-1]
         return self.dumper.dump(graph_kind, f"before_{name}", before, text=text)
 
-    def plan_built(
-        self,
-        graph_kind: str,
-        gm: torch.fx.GraphModule,
-        streams: StreamAssignment,
-        plan: StreamPlan,
-        code: str,
-    ) -> None:
-        self.dumper.dump(graph_kind, "plan", gm, streams=streams, plan=plan, code=code)
-
     def graph_compiled(self, compiled: Any) -> None:
-        self.dumper.summary(compiled.kind, compiled.plan, compiled.segments)
+        kind, plan = compiled.kind, compiled.plan
+        code = compiled.executor.code
+        self.dumper.dump(
+            kind, "plan", compiled.graph_module, streams=compiled.streams, plan=plan, code=code
+        )
+        self.dumper.summary(kind, plan, compiled.segments)

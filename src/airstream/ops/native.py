@@ -39,14 +39,15 @@ import torch
 from torch.fx.node import has_side_effect
 
 from airstream import torch_internals
-from airstream.ops.stream import STREAM_ANNOTATION, eager_under_torch_compile
+from airstream.ops.stream import eager_under_torch_compile
 
 __all__ = [
+    "CPU_STREAM_HOME",
     "NATIVE_HOST_SYNCS",
     "NATIVE_OPS",
     "NATIVE_STREAM_ANNOTATION",
     "attach_native_streams",
-    "innermost_annotation",
+    "drop_native_index",
     "native_streams_of",
     "native_index",
     "CpuEvent",
@@ -145,19 +146,14 @@ def native_index(node: torch.fx.Node) -> int | None:
     return found if found is not None else torch_internals.native_stream_index(node)
 
 
-def innermost_annotation(node: torch.fx.Node) -> tuple[str, Any] | None:
-    """The innermost stream annotation of ``node``: ``("air", label)`` (``airstream.stream``) or
-    ``("native", index)`` (``with torch.Stream``), or None. Nested blocks add their keys to the
-    annotation dict in the order they were entered, so of the two kinds the later key is inner."""
-    found: tuple[str, Any] | None = None
-    for key, value in torch_internals.stream_annotations(node).items():
-        if key == STREAM_ANNOTATION:
-            found = ("air", value)
-        elif key == NATIVE_STREAM_ANNOTATION or torch_internals.is_native_stream_key(key):
-            index = _index(value)
-            if index is not None:
-                found = ("native", index)
-    return found
+def drop_native_index(node: torch.fx.Node) -> None:
+    """Remove the native stream index ``node`` was traced under (airstream's key and Dynamo's)."""
+    custom = torch_internals.stream_annotations(node)
+    if NATIVE_STREAM_ANNOTATION in custom:
+        torch_internals.set_annotations(
+            node, {k: v for k, v in custom.items() if k != NATIVE_STREAM_ANNOTATION}
+        )
+    torch_internals.set_native_stream_index(node, None)
 
 
 # ---- CPU streams eager code can order -------------------------------------------------------
@@ -221,6 +217,7 @@ class CpuEvent(torch.Event):
 # ---- the caller's current stream on CPU ---------------------------------------------------------
 
 _cpu_current = CpuStream()
+CPU_STREAM_HOME = (__name__, "_cpu_current")  # where compiled bytecode loads it from
 
 
 def current_stream(device: torch.device | str | None = None) -> torch.Stream:

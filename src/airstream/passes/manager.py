@@ -1,5 +1,6 @@
-"""The pass pipeline: custom pre pass(es) -> built-in passes -> custom post pass(es) -> the
-final built-ins (in-place rewriting, on the graph with its final streams).
+"""The pass pipeline: custom pre pass(es) -> built-in passes -> custom post pass(es) -> (the
+pipeline settles the streams: each node's stream written into its key) -> the final built-ins
+(in-place rewriting, on the graph with its final streams).
 
 Every pass is called as ``fn(gm, example_inputs, config)`` and edits ``gm.graph`` in place; a
 custom pass written for Inductor (``fn(graph)``, torch's ``CustomGraphPass``, a pattern matcher's
@@ -16,7 +17,6 @@ Built-ins are also checked never to remove, merge or move an air op. Any failure
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 import warnings
@@ -29,14 +29,12 @@ import torch.fx
 from airstream.config import CompilerConfig
 from airstream.effects import effects
 from airstream.errors import PassError, StreamError
-from airstream.nodes import describe
+from airstream.nodes import INSERTED_BY_KEY, describe
 from airstream.ops.library import adopt_air_aliases, record, wait, wait_tensor
 from airstream.options import callable_source, pass_style
 from airstream.passes.builtin import BUILTIN_PASSES, FINAL_PASSES
-from airstream.passes.builtin.reinplace import StreamLabels
-from airstream.passes.meta import check_meta, fill_meta
+from airstream.passes.meta import check_meta, fill_meta, node_inputs
 from airstream.passes.regions import air_layout
-from airstream.streams import mark_version, unmark_version
 from airstream.torch_internals import is_graph_module_pass
 
 __all__ = [
@@ -136,14 +134,7 @@ def _slot(value: Any) -> tuple[GraphPass, ...]:
 class PassManager:
     """Runs the configured passes over a graph, with the instruments around each one."""
 
-    def __init__(
-        self,
-        config: CompilerConfig,
-        observer: PassObserver | None = None,
-        streams: StreamLabels | None = None,
-    ) -> None:
-        """``streams`` is the stream analysis the final built-ins consult (the backend passes
-        its own; without it they treat the graph as one stream)."""
+    def __init__(self, config: CompilerConfig, observer: PassObserver | None = None) -> None:
         self.config = config
         self.observer = observer or PassObserver()
         specs = [
@@ -159,21 +150,32 @@ class PassManager:
         ]
         for option, fn in FINAL_PASSES:
             if config.get_option(option):
-                specs.append(PassSpec(fn.__name__, FINAL, functools.partial(fn, streams=streams)))
+                specs.append(PassSpec(fn.__name__, FINAL, fn))
         self.passes: tuple[PassSpec, ...] = tuple(specs)
 
     def run(
-        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], graph_kind: str
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        graph_kind: str,
+        settle: Callable[[torch.fx.GraphModule], None] | None = None,
     ) -> list[PassResult]:
-        """Run every pass on ``gm`` in order; return a result per pass."""
+        """Run every pass on ``gm`` in order; return a result per pass. ``settle(gm)`` runs once
+        between the custom post pass(es) and the final built-ins, which read the streams it
+        settles (:func:`airstream.streams.lower_streams`)."""
         results = []
         self.observer.started(gm, graph_kind)
         for i, spec in enumerate(self.passes):
+            if settle is not None and spec.stage == FINAL:
+                settle(gm)
+                settle = None
             self.observer.before_pass(spec, gm, graph_kind)
             results.append(self._run_one(spec, gm, example_inputs, graph_kind))
             last_of_stage = i + 1 == len(self.passes) or self.passes[i + 1].stage != spec.stage
             if last_of_stage:
                 self.observer.stage_done(spec.stage, gm, graph_kind)
+        if settle is not None:
+            settle(gm)
         return results
 
     def _error(self, spec: PassSpec, kind: str, message: str, gm: Any = None) -> PassError:
@@ -190,9 +192,7 @@ class PassManager:
     def _run_one(
         self, spec: PassSpec, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str
     ) -> PassResult:
-        if spec.stage != FINAL:  # the pass may change anything: nothing kept about it holds
-            unmark_version(gm)  # (the final built-ins read the stream analysis before editing)
-        before_nodes = set(gm.graph.nodes)
+        before_nodes = node_inputs(gm)  # the nodes, each with its target and arguments
         layout = air_layout(gm.graph) if spec.stage in (BUILTIN, FINAL) else None
         collectives = _collective_order(gm.graph)
         start = time.perf_counter()
@@ -209,7 +209,6 @@ class PassManager:
                 )
             raise self._error(spec, kind, message, gm) from exc
         seconds = time.perf_counter() - start
-        unmark_version(gm)
         adapted = spec.call is not None and spec.call is not spec.fn
         if returned is not None and spec.stage in (PRE, POST) and not adapted:
             _warn_returned(spec, gm, returned)  # Inductor ignores its passes' results too
@@ -217,13 +216,13 @@ class PassManager:
             adopt_air_aliases(gm.graph)  # TorchAir's npugraph_ex.* names for the air ops
         for node in gm.graph.nodes:
             if node not in before_nodes:
-                node.meta.setdefault("air_inserted_by", spec.name)
+                node.meta.setdefault(INSERTED_BY_KEY, spec.name)
         early = _wait_before_record(gm.graph)
         if early is not None:
             raise self._error(spec, kind, early, gm)
         try:
             gm.graph.lint()  # O(nodes); blames a malformed graph on the pass that made it
-            fill_meta(gm, example_inputs)
+            fill_meta(gm, example_inputs, before_nodes)
         except Exception as exc:
             raise self._error(
                 spec,
@@ -244,7 +243,6 @@ class PassManager:
                 raise self._error(
                     spec, kind, f"left the graph invalid: {type(exc).__name__}: {exc}", gm
                 ) from exc
-        mark_version(gm)
         result = PassResult(
             spec.name, spec.stage, kind, seconds, len(before_nodes), len(gm.graph.nodes)
         )

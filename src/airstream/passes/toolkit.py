@@ -31,7 +31,7 @@ from airstream.ops.library import (
     wait,
 )
 from airstream.passes.meta import fill_meta
-from airstream.streams import StreamAssignment, stream_analysis
+from airstream.streams import StreamAssignment, assign_streams
 from airstream.torch_internals import OpOverloadPacket, module_stack
 
 __all__ = [
@@ -50,7 +50,7 @@ def streams_of(gm: torch.fx.GraphModule) -> StreamAssignment:
     ``scope_enter``/``scope_exit``, ``airstream.stream``, a ``torch.Stream`` block in the model
     (named after its variable) or a native annotation a pass wrote. ``.stream(node)`` is one
     node's label (None: the main stream). Raises StreamError for an invalid stream program."""
-    return stream_analysis(gm)
+    return assign_streams(gm)
 
 
 def module_paths(node: torch.fx.Node) -> list[str]:

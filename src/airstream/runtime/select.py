@@ -20,16 +20,7 @@ from airstream.runtime.native import NativeObjects
 from airstream.runtime.serial import SerialExecutor
 from airstream.schedule.plan import StreamPlan
 
-__all__ = ["choose_executor", "cuda_device"]
-
-
-def cuda_device(gm: torch.fx.GraphModule) -> torch.device | None:
-    """The CUDA device the graph computes on, if any of its values live on one."""
-    for node in gm.graph.nodes:
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor) and val.device.type == "cuda":
-            return val.device
-    return None
+__all__ = ["choose_executor"]
 
 
 def choose_executor(
@@ -38,22 +29,23 @@ def choose_executor(
     kind: str,
     config: CompilerConfig,
     mode: str,
-    device: torch.device | None,
+    device: torch.device,
     static_inputs: tuple[int, ...] | None = None,
     capture_pool: CapturePool | None = None,
 ) -> Executor:
     """Node by node for data_dump; serial for run_eagerly; CUDA streams on a CUDA ``device``
-    (captured as CUDA graphs in ``mode`` reduce-overhead, the mode the graph compiles in);
-    threads on CPU. A CPU graph with nothing off the main stream runs serially: no thread to
-    hand off to. ``static_inputs``: the parameter and buffer inputs, where the caller knows
-    them (a graph loaded from the compile cache); else AOTAutograd says. ``capture_pool``:
-    the CUDA graph memory pool the graph shares with the others of its compiled function."""
+    (the graph's, :func:`airstream.devices.graph_device`; captured as CUDA graphs in ``mode``
+    reduce-overhead, the mode the graph compiles in); threads elsewhere. A CPU graph with
+    nothing off the main stream runs serially: no thread to hand off to. ``static_inputs``: the
+    parameter and buffer inputs, where the caller knows them (a graph loaded from the compile
+    cache); else AOTAutograd says. ``capture_pool``: the CUDA graph memory pool the graph shares
+    with the others of its compiled function."""
     dump = config.debug.data_dump
     if dump.type is not None:
         return DataDumpExecutor(gm, dump.path, dump.filter)
     if config.debug.run_eagerly:
         return SerialExecutor(gm, plan)
-    if device is not None:
+    if device.type == "cuda":
         table = native_streams_of(gm)
         native = None if table is None else NativeObjects(table, at_run_time=kind != "backward")
         executor = CudaExecutor(gm, plan, device, native=native)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,8 +38,15 @@ import torch.fx
 
 from airstream import torch_internals
 from airstream.errors import StreamError
-from airstream.nodes import describe, source_line
-from airstream.ops.library import STREAM_LABEL_KEY, record, scope_enter, scope_exit, wait
+from airstream.nodes import GRAPH_KIND_KEY, describe, source_line
+from airstream.ops.library import (
+    STREAM_LABEL_KEY,
+    air_op_for,
+    record,
+    scope_enter,
+    scope_exit,
+    wait,
+)
 from airstream.ops.native import (
     NATIVE_STREAM_ANNOTATION,
     NativeStreams,
@@ -61,9 +68,9 @@ from airstream.schedule.native_forms import (
     erase_wrapper,
     replace_results,
 )
-from airstream.streams import assign_streams
+from airstream.streams import assign_streams, settle_annotations
 
-__all__ = ["NativeLowering", "has_native_streams", "lower_native_streams"]
+__all__ = ["NativeLowering", "has_native_streams", "lower_native_streams", "torch_streams_for"]
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +96,19 @@ def has_native_streams(gm: torch.fx.GraphModule) -> bool:
     )
 
 
+def torch_streams_for(
+    gm: torch.fx.GraphModule, table: NativeStreams | None = None
+) -> NativeStreams | None:
+    """The streams and events table of ``gm``, attached to it: ``table`` (its Dynamo graph's,
+    which its forward and backward graphs share), else, where ``gm`` uses PyTorch's stream IR,
+    one made from Dynamo's registry now; None for a graph with neither."""
+    if table is None and has_native_streams(gm):
+        table = NativeStreams.from_registry()
+    if table is not None:
+        attach_native_streams(gm, table)
+    return table
+
+
 @dataclass(frozen=True)
 class _Context:
     """Where an op sits: the innermost labelled air scope around it, and the native stream its
@@ -104,10 +124,11 @@ def _contexts(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, _Context]:
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
-        if node.target is scope_exit and stack:
+        target = air_op_for(node.target) or node.target  # a Dynamo graph's packet too
+        if target is scope_exit and stack:
             stack.pop()
         found[node] = stack[-1] if stack else _Context()
-        if node.target is scope_enter:
+        if target is scope_enter:
             keys = node.kwargs.get("keys", node.args[0] if node.args else ())
             values = node.kwargs.get("values", node.args[1] if len(node.args) > 1 else ())
             attrs = dict(zip(keys or (), values or (), strict=False))
@@ -206,21 +227,16 @@ class _Lowerer:
         for op in ops:
             context = contexts.get(op.anchor, _Context())
             name = op.name
-            if name == "synchronize":  # torch 2.11: Event.synchronize or Stream.synchronize
-                stream = self.table.is_stream(op.args[0])
-                name = "synchronize_stream" if stream else "synchronize_event"
-                op = NativeOp(op.anchor, name, op.args, op.returned)
             if name.startswith("synchronize") and streams is None:
-                streams = assign_streams(self.gm, graph_kind=self.kind)
-            handler = getattr(self, f"_{name}", None)
-            if handler is None:
+                streams = assign_streams(self.gm)
+            if not op.supported:
                 self._warn(
                     op,
                     "airstream does not support this stream method in compiled code; "
                     "it is left out (use Event.record/wait and Stream.wait_stream)",
                 )
             else:
-                handler(op, context, streams)
+                _HANDLERS[name](self, op, context, streams)
             self.report.ops[name] = self.report.ops.get(name, 0) + 1
             if op.returned is not None:  # read again: an earlier wrapper's results it passed
                 parts = torch_internals.control_deps_parts(self.gm, op.anchor)  # on are gone
@@ -286,8 +302,6 @@ class _Lowerer:
 
     def _fork(self, op: NativeOp, context: _Context, _: Any) -> None:
         """A switch of the current stream: the annotations already place each node."""
-
-    _join = _fork
 
     def _synchronize_event(self, op: NativeOp, context: _Context, streams: Any) -> None:
         event = self._event(op, op.args[0])
@@ -366,6 +380,21 @@ class _Lowerer:
         return False
 
 
+# What each op of torch's stream IR means (every name in torch_internals.STREAM_OPS)
+_HANDLERS: dict[str, Callable[[_Lowerer, NativeOp, _Context, Any], None]] = {
+    "record_event": _Lowerer._record_event,
+    "wait_event": _Lowerer._wait_event,
+    "wait_stream": _Lowerer._wait_stream,
+    "record_stream": _Lowerer._record_stream,
+    "sync_dealloc": _Lowerer._sync_dealloc,
+    "fork": _Lowerer._fork,
+    "join": _Lowerer._fork,  # a switch back: the annotations place each node
+    "synchronize_event": _Lowerer._synchronize_event,
+    "synchronize_stream": _Lowerer._synchronize_stream,
+    "synchronize_device": _Lowerer._synchronize_device,
+}
+
+
 def _move_annotations(gm: torch.fx.GraphModule) -> int:
     moved = 0
     for node in gm.graph.nodes:
@@ -373,21 +402,22 @@ def _move_annotations(gm: torch.fx.GraphModule) -> int:
     return moved
 
 
-def lower_native_streams(
-    gm: torch.fx.GraphModule, table: NativeStreams, *, graph_kind: str = "graph"
-) -> NativeLowering:
+def lower_native_streams(gm: torch.fx.GraphModule, table: NativeStreams) -> NativeLowering:
     """Rewrite ``gm``'s native stream IR into airstream's, in place (see the module docstring);
-    attach ``table`` to ``gm`` for stream analysis. Raises StreamError for an op whose arguments
+    attach ``table`` to ``gm`` for stream analysis, and leave each node one stream annotation
+    (:func:`airstream.streams.settle_annotations`). Raises StreamError for an op whose arguments
     are not what it needs (an event where a stream is needed), naming its source line."""
     torch_internals.require("native-streams")
     attach_native_streams(gm, table)
-    lowering = _Lowerer(gm, table, graph_kind)
+    kind = str(gm.meta.get(GRAPH_KIND_KEY, "given"))
+    lowering = _Lowerer(gm, table, kind)
     lowering.report.annotated = _move_annotations(gm)
-    ops = collect_native_ops(gm)
+    ops = collect_native_ops(gm, table)
     if ops:
         lowering.lower(ops, _contexts(gm))
     drop_dead_objects(gm)
+    settle_annotations(gm)
     gm.graph.lint()
     if lowering.report.changed:
-        log.debug("native streams (%s graph): %s", graph_kind, lowering.report)
+        log.debug("native streams (%s graph): %s", kind, lowering.report)
     return lowering.report

@@ -1,10 +1,12 @@
-"""PyTorch's stream IR as each torch release writes it, read as one list of ops.
+"""PyTorch's stream IR as each torch release writes it, read as one list of ops: the one reader
+of its forms.
 
 Dynamo (and passes) write an event call or a stream sync as a bare ``torch.ops.streams`` op,
 AOTAutograd wraps each in ``control_deps`` (torch 2.13 and later), and torch 2.11 leaves some as
 method calls on the stream or event object. :func:`collect_native_ops` turns a graph's forms into
-:class:`NativeOp` records in program order (unwrapping ``control_deps`` around any other op);
-``schedule/native.py`` gives them their meaning.
+:class:`NativeOp` records in program order, named as the newest torch names them (unwrapping
+``control_deps`` around any other op, telling torch 2.11's ``synchronize`` of a stream from an
+event's); ``schedule/native.py`` gives them their meaning, one handler per op name.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 import torch.fx
 
 from airstream import torch_internals
+from airstream.ops.native import NativeStreams
 
 __all__ = [
     "NativeOp",
@@ -29,16 +32,20 @@ __all__ = [
 
 @dataclass
 class NativeOp:
-    """One native op in program order: the node standing for it, its name and arguments."""
+    """One op of torch's stream IR in program order: the node standing for it, its name in the
+    ``torch.ops.streams`` namespace (one of ``torch_internals.STREAM_OPS``) and its arguments;
+    or, where ``supported`` is False, a method no streams op stands for (``name``: the method)."""
 
     anchor: torch.fx.Node
     name: str
     args: tuple[Any, ...]
     returned: dict[int, Any] | None = None  # a control_deps wrapper's getitem results
+    supported: bool = True
 
 
-def collect_native_ops(gm: torch.fx.GraphModule) -> list[NativeOp]:
-    """Every native op of ``gm`` in program order, whatever form the torch release wrote."""
+def collect_native_ops(gm: torch.fx.GraphModule, table: NativeStreams) -> list[NativeOp]:
+    """Every op of torch's stream IR in ``gm``, in program order, as the streams ops of the newest
+    torch, whatever form the torch release wrote (``table``: the graph's streams and events)."""
     found: list[NativeOp] = []
     for node in list(gm.graph.nodes):
         if node.op == "call_function":
@@ -56,24 +63,27 @@ def collect_native_ops(gm: torch.fx.GraphModule) -> list[NativeOp]:
         elif node.op == "call_method":
             call = torch_internals.native_method_call(node)
             if call is not None:
-                found.append(_method_op(node, *call))
+                found.append(_method_op(node, table, *call))
     return found
 
 
-def _method_op(node: torch.fx.Node, method: str, objects: list[int]) -> NativeOp:
+def _method_op(
+    node: torch.fx.Node, table: NativeStreams, method: str, objects: list[int]
+) -> NativeOp:
     """torch 2.11's method calls as the ops later releases write."""
     if method == "wait_stream" and len(objects) == 2:
         return NativeOp(node, "wait_stream", (objects[0], objects[1]))
     if method == "wait_event" and len(objects) == 2:
         return NativeOp(node, "wait_event", (objects[1], objects[0]))
     stream = objects[1] if len(objects) > 1 else None  # Event.record/wait(stream=None)
-    if method == "synchronize" and len(objects) == 1:  # an event's or a stream's: decided later
-        return NativeOp(node, "synchronize", (objects[0],))
+    if method == "synchronize" and len(objects) == 1:  # a stream's or an event's
+        name = "synchronize_stream" if table.is_stream(objects[0]) else "synchronize_event"
+        return NativeOp(node, name, (objects[0],))
     if method == "record" and objects:
         return NativeOp(node, "record_event", (objects[0], stream))
     if method == "wait" and objects:
         return NativeOp(node, "wait_event", (objects[0], stream))
-    return NativeOp(node, f"unsupported:{method}", tuple(objects))
+    return NativeOp(node, method, tuple(objects), supported=False)
 
 
 def _unwrap(gm: torch.fx.GraphModule, node: torch.fx.Node, parts: Any) -> None:

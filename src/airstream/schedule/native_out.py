@@ -20,12 +20,13 @@ import torch
 import torch.fx
 
 from airstream import torch_internals
+from airstream.devices import graph_device
 from airstream.ops.library import AIR_OPS, record, scope_enter, scope_exit, wait, wait_tensor
-from airstream.ops.native import NativeStreams
+from airstream.ops.native import CPU_STREAM_HOME, NativeStreams, current_stream
 from airstream.schedule.plan import Record, Run, Wait, build_plan
 from airstream.streams import assign_streams
 
-__all__ = ["NativeWritten", "device_of", "write_native"]
+__all__ = ["NativeWritten", "write_native"]
 
 
 @dataclass(frozen=True)
@@ -38,17 +39,6 @@ class NativeWritten:
     waits: int
 
 
-def device_of(gm: torch.fx.GraphModule) -> torch.device:
-    """The accelerator the graph computes on, else the CPU (a CPU input beside CUDA work does
-    not make it a CPU graph)."""
-    found = torch.device("cpu")
-    for node in gm.graph.nodes:
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor) and val.device.type != "cpu":
-            return val.device
-    return found
-
-
 def _main_index(device: torch.device) -> int:
     """The registry index of the caller's current stream: the one Dynamo registered while
     tracing, else one registered now."""
@@ -56,7 +46,7 @@ def _main_index(device: torch.device) -> int:
     for index, label in table.labels.items():
         if label is None and table.device(index) == device.type:
             return index
-    return torch_internals.register_current_stream(device)
+    return torch_internals.register_current_stream(device, current_stream("cpu"), CPU_STREAM_HOME)
 
 
 def _insert(
@@ -84,7 +74,7 @@ def write_native(gm: torch.fx.GraphModule) -> NativeWritten:
     sides = [s.label for s in plan.side_streams if s.runs]
     if not sides:
         return NativeWritten({}, 0, 0)
-    device = device_of(gm)
+    device = graph_device(gm)
     index: dict[str | None, int] = {None: _main_index(device)}
     for label in sides:
         index[label] = torch_internals.new_native_stream(device)

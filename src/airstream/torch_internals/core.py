@@ -228,6 +228,56 @@ def drop_frames_under(gm: torch.fx.GraphModule, directory: str, keep: str | None
             node.meta["stack_trace"] = "".join(kept)
 
 
+@_feature(
+    "fx_line_map",
+    "torch.fx.GraphModule._lineno_map and ._prologue_start (generated-code line -> node index)",
+    "diagnostics",
+    "naming the op and stream of an exception raised inside a compiled call",
+)
+def _probe_fx_line_map() -> bool:
+    gm = torch.fx.symbolic_trace(lambda x: x.sin())
+    lines, start = getattr(gm, "_lineno_map", None), getattr(gm, "_prologue_start", None)
+    if not isinstance(lines, dict) or not lines or not isinstance(start, int):
+        raise AttributeError("GraphModule has no _lineno_map dict and _prologue_start int")
+    return True
+
+
+def generated_node_index(module: torch.fx.GraphModule, lineno: int) -> int | None:
+    """The index in ``module.graph.nodes`` of the node whose code is at line ``lineno`` of
+    ``module``'s generated ``forward`` (FX's map from code lines to nodes); None when unknown."""
+    if _optional("fx_line_map") is None:
+        return None
+    lines: dict[int, int | None] = module._lineno_map or {}
+    return lines.get(lineno - module._prologue_start)
+
+
+_MODULE_STATE = ("_parameters", "_buffers", "_modules")
+
+
+@_feature(
+    "module_state",
+    "torch.nn.Module's own attributes _parameters, _buffers, _modules and its *_hooks dicts",
+    "compile-cache",
+    "keying a cache entry by a module's other attributes (what a trace may have read)",
+)
+def _probe_module_state() -> None:
+    own = vars(torch.nn.Linear(1, 1))
+    missing = [name for name in _MODULE_STATE if not isinstance(own.get(name), dict)]
+    if missing or not any(k.startswith("_") and k.endswith("hooks") for k in own):
+        raise AttributeError(f"nn.Module keeps no {missing or 'hooks'} attributes")
+
+
+def module_attributes(module: torch.nn.Module) -> dict[str, Any]:
+    """``module``'s own attributes (``vars``) without nn.Module's bookkeeping: its parameters,
+    buffers, submodules and hook dicts."""
+    _get("module_state")
+    return {
+        k: v
+        for k, v in vars(module).items()
+        if k not in _MODULE_STATE and not (k.startswith("_") and k.endswith("hooks"))
+    }
+
+
 def node_value(node: torch.fx.Node) -> Any:
     """The value a node stands for while compiling: ``meta["val"]`` in aten graphs, Dynamo's
     ``example_value`` in its own graph; None when neither is recorded."""

@@ -63,6 +63,11 @@ PRIVATE_ATTRIBUTES = frozenset(
         "_set_grad_enabled",
         "_c10d_functional",
         "_artifacts",
+        "_lineno_map",
+        "_prologue_start",
+        "_parameters",
+        "_buffers",
+        "_modules",
     }
 )
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from airstream.torch_internals.registry import _attr
+from airstream.torch_internals.registry import _attr, _feature, probe
 from airstream.torch_internals.streams import _REGISTRY, _ir
 
 __all__ = [
@@ -135,26 +135,31 @@ def _register_new(kind: str, device: torch.device) -> int:
     return index
 
 
-def register_current_stream(device: torch.device) -> int:
+def register_current_stream(
+    device: torch.device, cpu_stream: Any = None, cpu_home: tuple[str, str] | None = None
+) -> int:
     """The registry index of the caller's current stream on ``device``, registered now (the
     graph's bytecode reads it before every call). CPU has no current stream in torch; there it
-    is airstream's object for the main stream (``airstream.current_stream("cpu")``)."""
+    is ``cpu_stream``, the object the bytecode loads as ``cpu_home`` (module, attribute):
+    airstream's object for the main stream (``airstream.current_stream("cpu")``)."""
     module = importlib.import_module("torch._dynamo.variables.streams")
     if device.type != "cpu":
         index: int = module.get_current_stream(device)
         return index
+    if cpu_stream is None or cpu_home is None:
+        raise ValueError("register_current_stream on CPU needs cpu_stream and cpu_home")
     registry = importlib.import_module(_REGISTRY)
     call = _attr("torch._dynamo.bytecode_transformation:create_call_function")
-    native = importlib.import_module("airstream.ops.native")
+    home, name = cpu_home
 
     def build(index: int, codegen: Any) -> None:  # stash_graph_created_object(<the object>)
         codegen.add_push_null(
             lambda: codegen.load_import_from(registry.__name__, "stash_graph_created_object")
         )
-        codegen.load_import_from(native.__name__, "_cpu_current")
+        codegen.load_import_from(home, name)
         codegen.extend_output(call(1, False))
 
-    found: int = registry.register_graph_created_object(native.current_stream("cpu"), build)
+    found: int = registry.register_graph_created_object(cpu_stream, build)
     return found
 
 
@@ -178,7 +183,18 @@ def readable_name(source: str | None) -> str | None:
     return match.group(1) if match else None
 
 
-def _detach_backward_snapshot() -> None:
+_RUNTIME_WRAPPERS = "torch._functorch._aot_autograd.runtime_wrappers"
+
+
+@_feature(
+    "backward_snapshot",
+    f"{_RUNTIME_WRAPPERS}.index_to_external_object_weakref (the registry list AOTAutograd's "
+    f"backward restores, imported once) and {_REGISTRY}.store_user_object_weakrefs",
+    "diagnostics",
+    "backward graphs of models with torch.Stream blocks in a process that compiles several "
+    "(torch 2.15's registry snapshot detached at `import airstream`)",
+)
+def _probe_backward_snapshot() -> str:
     """torch 2.15's AOTAutograd snapshots Dynamo's registry at each forward and restores it in
     backward, reading it through a name imported once (``runtime_wrappers``), while each graph's
     bytecode binds the registry's module name to a new list: the snapshot keeps reading the
@@ -187,20 +203,26 @@ def _detach_backward_snapshot() -> None:
     (``Index past the end of index_to_user_object_weakref``). Binding the name to a fresh list
     before any frame fills it leaves the first list empty for good: the restore does nothing
     (it restored the wrong objects anyway), and airstream's own backward graphs find their
-    objects without it. Only where the registry is that list form and nothing is in it yet."""
+    objects without it. Run at ``import airstream``; idempotent (doctor runs it again). Raises
+    where the first list was filled before airstream was imported."""
+    registry = importlib.import_module(_REGISTRY)
     try:
-        registry = importlib.import_module(_REGISTRY)
-        wrappers = importlib.import_module("torch._functorch._aot_autograd.runtime_wrappers")
+        wrappers = importlib.import_module(_RUNTIME_WRAPPERS)
     except ImportError:
-        return
-    first = getattr(registry, "index_to_external_object_weakref", None)
-    if (
-        isinstance(first, list)
-        and not first
-        and getattr(wrappers, "index_to_external_object_weakref", None) is first
-        and callable(getattr(registry, "store_user_object_weakrefs", None))
-    ):
-        registry.store_user_object_weakrefs()
+        return "not needed: this torch has no AOTAutograd runtime wrappers module"
+    held = getattr(wrappers, "index_to_external_object_weakref", None)
+    if not isinstance(held, list):
+        return "not needed: this torch's backward restores no registry snapshot"
+    if held:
+        raise RuntimeError(
+            "a frame with torch.Stream objects was compiled before `import airstream`, so "
+            "AOTAutograd's backward keeps restoring that frame's objects; backward graphs of "
+            "later models with streams may fail with 'Index past the end'. Import airstream "
+            "before compiling anything"
+        )
+    if held is getattr(registry, "index_to_external_object_weakref", None):
+        registry.store_user_object_weakrefs()  # a fresh list: the snapshot's stays empty
+    return "detached"
 
 
-_detach_backward_snapshot()
+_AT_IMPORT = probe("backward_snapshot")  # doctor reports it again

@@ -24,6 +24,7 @@ from airstream.torch_internals.core import OperatorBase, OpOverloadPacket
 from airstream.torch_internals.registry import _attr, _feature, _get, _module_reads
 
 __all__ = [
+    "STREAM_OPS",
     "ControlDeps",
     "control_deps_parts",
     "wrap_sync_nodes",
@@ -51,6 +52,8 @@ _OPS = (
     "join",
 )
 _LATER_OPS = ("synchronize_event", "synchronize_stream", "synchronize_device")
+# every op name of torch's stream IR airstream reads, in any torch of the range
+STREAM_OPS = _OPS + _LATER_OPS
 # torch 2.11's method calls on a stream or event object, as the streams op each stands for
 _METHODS = {"wait_stream", "wait_event", "synchronize", "record", "wait", "query"}
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import operator
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -45,12 +45,10 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from airstream import torch_internals
 from airstream.effects import alias_classes, effects, inplace_variant
 from airstream.errors import StreamError
+from airstream.streams import assign_streams
 from airstream.torch_internals import outputs_rebuilt_from_inputs
 
-__all__ = ["StreamLabels", "reinplace_inplaceable_ops", "reinplace_input_mutations"]
-
-# The stream analysis (airstream.streams, as the backend passes it): node -> label (None: main).
-StreamLabels = Callable[[torch.fx.GraphModule], Mapping[str, str | None]]
+__all__ = ["reinplace_inplaceable_ops", "reinplace_input_mutations"]
 
 aten = torch.ops.aten
 
@@ -60,8 +58,8 @@ class _Facts:
     per pass and kept up to date through each rewrite (:meth:`swap`, :meth:`erased`), not
     rebuilt."""
 
-    def __init__(self, gm: torch.fx.GraphModule, streams: StreamLabels | None) -> None:
-        self.labels: dict[str, str | None] = dict(streams(gm)) if streams is not None else {}
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        self.labels: dict[str, str | None] = dict(assign_streams(gm).stream_of)
         self.refresh(gm)
 
     def refresh(self, gm: torch.fx.GraphModule) -> None:
@@ -221,9 +219,9 @@ def _reinplace_temporary(gm: torch.fx.GraphModule, node: torch.fx.Node, facts: _
     return True
 
 
-def _facts(gm: torch.fx.GraphModule, streams: StreamLabels | None) -> _Facts | None:
+def _facts(gm: torch.fx.GraphModule) -> _Facts | None:
     try:
-        return _Facts(gm, streams)
+        return _Facts(gm)
     except StreamError:  # an invalid stream program: reported, with its context, when planned
         return None
 
@@ -232,14 +230,9 @@ def reinplace_inplaceable_ops(
     gm: torch.fx.GraphModule,
     example_inputs: Sequence[Any],
     config: Any,
-    *,
-    streams: StreamLabels | None = None,
 ) -> None:
-    """Rewrite ops on dead temporaries as their in-place forms (see the module docstring).
-
-    ``streams`` gives each node's stream (the pass manager passes the backend's stream
-    analysis); without it every node counts as one stream's."""
-    facts = _facts(gm, streams)
+    """Rewrite ops on dead temporaries as their in-place forms (see the module docstring)."""
+    facts = _facts(gm)
     if facts is None:
         return
     for node in list(gm.graph.nodes):
@@ -353,13 +346,10 @@ def reinplace_input_mutations(
     gm: torch.fx.GraphModule,
     example_inputs: Sequence[Any],
     config: Any,
-    *,
-    streams: StreamLabels | None = None,
 ) -> None:
-    """Fold input write-backs into the ops that compute them (see the module docstring);
-    ``streams`` as for :func:`reinplace_inplaceable_ops`."""
+    """Fold input write-backs into the ops that compute them (see the module docstring)."""
     torch_internals.require("reinplace")
-    facts = _facts(gm, streams)
+    facts = _facts(gm)
     if facts is None:
         return
     for node in list(gm.graph.nodes):  # custom ops, in graph order (chains fold one by one)
