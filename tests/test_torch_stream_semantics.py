@@ -24,7 +24,7 @@ import torch
 from tests.conftest import assert_same, compile_model, graph_of, ops_by_stream, slow
 
 import airstream
-from airstream.ops.native import CpuEvent, CpuStream
+from airstream.ops.torch_streams import CpuEvent, CpuStream
 
 pytestmark = pytest.mark.torch_api  # CI runs it on every torch minor (.ci/run)
 

@@ -16,8 +16,8 @@ from airstream.config import CompilerConfig
 from airstream.debug.profile import profile
 from airstream.errors import CacheWarning, ConfigError, PassError, StreamError, TorchSupportError
 from airstream.explain import explain
-from airstream.ops.native import current_stream
 from airstream.ops.stream import stream
+from airstream.ops.torch_streams import current_stream
 
 __all__ = [
     "CacheWarning",

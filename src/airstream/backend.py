@@ -31,7 +31,7 @@ from airstream.observers import CompiledGraph, CompileObserver, Observers, ReadO
 from airstream.passes.manager import pass_name
 from airstream.pipeline import GraphCompiler
 from airstream.runtime.capture_pool import CapturePool
-from airstream.schedule.native import lower_native_streams, torch_streams_for
+from airstream.schedule.torch_streams import lower_torch_streams, torch_streams_for
 from airstream.tracebacks import readable
 
 __all__ = [
@@ -132,16 +132,16 @@ class AirstreamBackend:
             subscribers.append(dumps)
         observer = Observers(subscribers)
         gm.meta[GRAPH_KIND_KEY] = "Dynamo"  # for messages (graph_kind(gm) does not take it)
-        native = torch_streams_for(gm)
+        torch_streams = torch_streams_for(gm)
         observer.graph_traced(gm)
-        if native is not None:  # before AOTAutograd, which would act on Dynamo's form
-            lower_native_streams(gm, native)
+        if torch_streams is not None:  # before AOTAutograd, which would act on Dynamo's form
+            lower_torch_streams(gm, torch_streams)
             gm.recompile()  # AOTAutograd runs the module
         pool = CapturePool()  # its graphs' CUDA graphs share memory, as cudagraph trees'
         aot = torch_internals.aot_autograd(
-            fw_compiler=GraphCompiler(config, "forward", observer, native, pool),
-            bw_compiler=GraphCompiler(config, "backward", observer, native, pool),
-            inference_compiler=GraphCompiler(config, "inference", observer, native, pool),
+            fw_compiler=GraphCompiler(config, "forward", observer, torch_streams, pool),
+            bw_compiler=GraphCompiler(config, "backward", observer, torch_streams, pool),
+            inference_compiler=GraphCompiler(config, "inference", observer, torch_streams, pool),
             decompositions=self.decompositions,
             partition_fn=_keep_air_ops_in_forward,
             keep_inference_input_mutations=config.experimental_config.keep_inference_input_mutations,

@@ -39,8 +39,8 @@ import torch.fx
 
 from airstream.ops.air_print import air_print
 from airstream.ops.library import is_air_op, record, scope_enter, scope_exit, wait, wait_tensor
-from airstream.ops.native import NATIVE_HOST_SYNCS, NATIVE_OPS
 from airstream.ops.tagged import TAGGED_EVENT_OPS
+from airstream.ops.torch_streams import NATIVE_HOST_SYNCS, NATIVE_OPS
 from airstream.torch_internals import (
     OpOverload,
     collective_op_name,

@@ -8,16 +8,16 @@ streams in PyTorch's own stream IR, which Inductor's user-stream code generation
     auto = for_inductor(airstream.passes.auto_streams())
     compiled = torch.compile(model, options={"post_grad_custom_post_pass": auto})
 
-torch itself assigns no streams automatically (pytorch#189521); with this, a plain
-``torch.compile`` on CUDA gets airstream's shared-expert, projection and list-schedule placement
-as CUDA streams of Inductor's own generated code. The pass writes one ``torch.Stream`` per side
-stream (Dynamo's graph bytecode builds it before each call), annotates each node with it, and
-makes every ordering airstream's planner would make an explicit event pair
-(``airstream.schedule.native_out``). ``uuid()`` names the pass and its settings, so Inductor's
-FX graph cache keeps graphs compiled with different passes apart. Inductor's CPU code cannot run
-streams (its wrapper fails with ``NameError: name 'default_stream' is not defined``), so a graph
-on the CPU is handed on unchanged, with one warning (use airstream's backend there);
-``on_cpu=True`` writes it anyway, to look at what Inductor would get.
+torch itself assigns no streams automatically (pytorch#189521); with this, a plain ``torch.compile``
+on CUDA gets airstream's shared-expert, projection and list-schedule placement as CUDA streams of
+Inductor's own generated code. The pass writes one ``torch.Stream`` per side stream (Dynamo's graph
+bytecode builds it before each call), annotates each node with it, and makes every ordering
+airstream's planner would make an explicit event pair (``airstream.schedule.torch_streams_out``).
+``uuid()`` names the pass and its settings, so Inductor's FX graph cache keeps graphs compiled with
+different passes apart. Inductor's CPU code cannot run streams (its wrapper fails with ``NameError:
+name 'default_stream' is not defined``), so a graph on the CPU is handed on unchanged, with one
+warning (use airstream's backend there); ``on_cpu=True`` writes it anyway, to look at what Inductor
+would get.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ import airstream
 from airstream import torch_internals
 from airstream.devices import graph_device
 from airstream.passes.manager import pass_name
-from airstream.schedule.native import has_native_streams
-from airstream.schedule.native_out import NativeWritten, write_native
+from airstream.schedule.torch_streams import uses_torch_streams
+from airstream.schedule.torch_streams_out import TorchStreamsWritten, write_torch_streams
 
 __all__ = ["for_inductor"]
 
@@ -78,7 +78,7 @@ def for_inductor(graph_pass: GraphPass, *, on_cpu: bool = False) -> Any:
 
         def __init__(self) -> None:
             self.graph_pass = graph_pass
-            self.written: list[NativeWritten] = []  # per graph: what it wrote
+            self.written: list[TorchStreamsWritten] = []  # per graph: what it wrote
 
         def __call__(self, graph: torch.fx.Graph) -> None:
             gm = graph.owning_module
@@ -89,7 +89,7 @@ def for_inductor(graph_pass: GraphPass, *, on_cpu: bool = False) -> Any:
                 warnings.warn(f"airstream: for_inductor({settings}) {why}", stacklevel=2)
                 return
             self.graph_pass(gm, [], None)
-            self.written.append(write_native(gm))
+            self.written.append(write_torch_streams(gm))
 
         def _declined(self, gm: torch.fx.GraphModule) -> str | None:
             """Why this graph is handed on as it is, or None."""
@@ -105,7 +105,7 @@ def for_inductor(graph_pass: GraphPass, *, on_cpu: bool = False) -> Any:
                     "backward, after Dynamo's bytecode is made, so the stream objects it would "
                     "need could not be built for the calls. Forward graphs get their streams."
                 )
-            if has_native_streams(gm):
+            if uses_torch_streams(gm):
                 return (
                     "leaves a graph with the model's own torch.Stream blocks or events as it "
                     "is: its streams are the model's."

@@ -31,27 +31,27 @@ from airstream.debug.dump import dump_observer
 from airstream.finish import finish_graph
 from airstream.nodes import GRAPH_KIND_KEY, GRAPH_KINDS, graph_kind
 from airstream.observers import CompileObserver
-from airstream.ops.native import NativeStreams
+from airstream.ops.torch_streams import TorchStreams
 from airstream.passes.manager import PassManager
 from airstream.passes.tagged_events import lower_tagged_events
 from airstream.runtime.capture_pool import CapturePool
 from airstream.runtime.codegen import Executor
-from airstream.schedule.native import lower_native_streams, torch_streams_for
+from airstream.schedule.torch_streams import lower_torch_streams, torch_streams_for
 from airstream.streams import lower_streams
 
 __all__ = ["GraphCompiler", "settle_streams"]
 
 
 def settle_streams(
-    gm: torch.fx.GraphModule, config: CompilerConfig, native: NativeStreams | None = None
+    gm: torch.fx.GraphModule, config: CompilerConfig, torch_streams: TorchStreams | None = None
 ) -> None:
     """The end of the passes: what they wrote as TorchAir tagged events or in PyTorch's stream
     IR lowered to ``record``/``wait``, then each node's stream written into its key
     (``ge_config.enable_single_stream``: main for every node)."""
     lower_tagged_events(gm)
-    table = torch_streams_for(gm, native)
+    table = torch_streams_for(gm, torch_streams)
     if table is not None:
-        lower_native_streams(gm, table)
+        lower_torch_streams(gm, table)
     lower_streams(gm, single_stream=config.ge_config.enable_single_stream)
 
 
@@ -63,7 +63,7 @@ class GraphCompiler:
         config: CompilerConfig,
         kind: str | None,
         observer: CompileObserver | None = None,
-        native: NativeStreams | None = None,
+        torch_streams: TorchStreams | None = None,
         capture_pool: CapturePool | None = None,
     ) -> None:
         if kind is not None and kind not in GRAPH_KINDS:
@@ -71,7 +71,8 @@ class GraphCompiler:
         self.config = config
         self.kind = kind
         self.observer = observer
-        self.native = native  # the Dynamo graph's streams and events, shared by its graphs
+        # the Dynamo graph's streams and events, shared by its graphs
+        self.torch_streams = torch_streams
         # the Dynamo graph's CUDA graph memory, shared by its graphs (forward and backward)
         self.capture_pool = capture_pool
 
@@ -83,12 +84,12 @@ class GraphCompiler:
         observer = self.observer
         if observer is None:  # called directly (get_compiler): dumps as the config asks
             observer = dump_observer(config) or CompileObserver()
-        native = self.native
-        if native is not None:
-            torch_streams_for(gm, native)
+        torch_streams = self.torch_streams
+        if torch_streams is not None:
+            torch_streams_for(gm, torch_streams)
 
         def settle(graph: torch.fx.GraphModule) -> None:
-            settle_streams(graph, config, native)
+            settle_streams(graph, config, torch_streams)
 
         results = PassManager(config, observer).run(gm, example_inputs, kind, settle)
         saved = torch_internals.dump_graph(gm) if torch_internals.bundling_compile() else None

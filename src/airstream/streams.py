@@ -4,7 +4,7 @@ reject bad stream programs.
 Model code and passes say where a node runs in several ways (the front ends): ``scope_enter``/
 ``scope_exit`` markers (a pass's, TorchAir's, ``airstream.stream``'s), the ``air_stream``
 annotation (``airstream.stream``; it reaches backward graphs), a ``torch.Stream`` block's registry
-index (read through the graph's ``NativeStreams`` table), TorchAir's tagged events and PyTorch's
+index (read through the graph's ``TorchStreams`` table), TorchAir's tagged events and PyTorch's
 event ops (lowered to ``record``/``wait`` before this is asked) and ``ge_config.
 enable_single_stream``. At the end of the passes :func:`lower_streams` writes the answer into
 one key per node, ``node.meta["air_stream_label"]`` (:data:`STREAM_KEY`), with the non-stream
@@ -14,9 +14,9 @@ Before that, for a graph still in the passes, it works the answer out from the f
 
 the main stream is label ``None``; a node between ``scope_enter`` (key ``_user_stream_label``)
 and its matching ``scope_exit`` runs on that label, scopes nest and the innermost label wins;
-inside a scope a native index is an inner block unless the scope was opened inside that same
-block; outside every stream scope a native index, else the ``air_stream`` annotation, decides
-(the backend removes, before AOTAutograd, a native index from every node that an inner
+inside a scope a torch stream index is an inner block unless the scope was opened inside that same
+block; outside every stream scope a torch stream index, else the ``air_stream`` annotation, decides
+(the backend removes, before AOTAutograd, a torch stream index from every node that an inner
 ``airstream.stream`` block moved: :func:`settle_annotations`; no rule reads the order of the
 annotation dict); else the node is on main. ``getitem`` (tuple indexing, no kernel) runs on its
 producer's stream, wherever it sits. ``scope_enter``/``scope_exit`` sit on the stream around the
@@ -49,13 +49,13 @@ from airstream.ops.library import (
     wait,
     wait_tensor,
 )
-from airstream.ops.native import (
-    NativeStreams,
-    drop_native_index,
-    native_index,
-    native_streams_of,
-)
 from airstream.ops.stream import STREAM_ANNOTATION, STREAM_PRIORITY_ANNOTATION
+from airstream.ops.torch_streams import (
+    TorchStreams,
+    drop_torch_stream_index,
+    torch_stream_index,
+    torch_streams_of,
+)
 from airstream.torch_internals import node_value, stream_annotations
 
 __all__ = [
@@ -125,7 +125,7 @@ class _Scope:
     node: torch.fx.Node
     label: str | None
     attrs: dict[str, str]
-    native: int | None = None  # the native stream its scope_enter was traced under
+    native: int | None = None  # the torch stream its scope_enter was traced under
 
 
 # the nodes that run: an aten graph's calls, and a Dynamo graph's method and module calls
@@ -143,8 +143,8 @@ def _kind(gm: torch.fx.GraphModule) -> str:
     return str(gm.meta.get(GRAPH_KIND_KEY, "given"))
 
 
-def _native_label(node: torch.fx.Node, index: int, table: NativeStreams | None) -> str | None:
-    """The label of the native stream at registry ``index`` (``stream<i>`` without a table)."""
+def _torch_stream_label(node: torch.fx.Node, index: int, table: TorchStreams | None) -> str | None:
+    """The label of the torch stream at registry ``index`` (``stream<i>`` without a table)."""
     if table is None:
         return f"stream{index}"
     try:
@@ -212,12 +212,12 @@ def _check_wait_tensor(node: torch.fx.Node) -> None:
             )
 
 
-def _annotation(node: torch.fx.Node, table: NativeStreams | None) -> tuple[str | None, int | None]:
-    """A node's stream outside every stream scope: its native block's, else its
+def _annotation(node: torch.fx.Node, table: TorchStreams | None) -> tuple[str | None, int | None]:
+    """A node's stream outside every stream scope: its torch.Stream block's, else its
     ``airstream.stream`` annotation's (with the priority the annotation gives)."""
-    native = native_index(node)
+    native = torch_stream_index(node)
     if native is not None:
-        return _native_label(node, native, table), None
+        return _torch_stream_label(node, native, table), None
     custom = stream_annotations(node)
     label = custom.get(STREAM_ANNOTATION)
     if label is not None and (not isinstance(label, str) or not label):
@@ -231,14 +231,14 @@ def _annotation(node: torch.fx.Node, table: NativeStreams | None) -> tuple[str |
 
 class _Walk:
     """What one walk over a graph (:func:`_walk`) finds: every call's stream, the scopes around
-    it, the checks. ``shadowed``: the nodes whose native index an inner ``airstream.stream``
+    it, the checks. ``shadowed``: the nodes whose torch stream index an inner ``airstream.stream``
     scope overrides."""
 
     def __init__(self, gm: torch.fx.GraphModule) -> None:
         self.gm = gm
         self.kind = _kind(gm)
         self.lowered = bool(gm.meta.get(_LOWERED_KEY))
-        self.table = native_streams_of(gm)
+        self.table = torch_streams_of(gm)
         self.stack: list[_Scope] = []
         self.stream_of: dict[str, str | None] = {}
         self.scope_attrs: dict[str, dict[str, str]] = {}
@@ -250,9 +250,9 @@ class _Walk:
         scope = next((s for s in reversed(self.stack) if s.label is not None), None)
         marker = _target(node) in (scope_enter, scope_exit)  # on the stream around its scope
         if scope is not None:
-            # a native block entered inside the scope is inner; one entered around it is not
+            # a torch.Stream block entered inside the scope is inner; one entered around it is not
             if native is not None and native != scope.native:
-                return _native_label(node, native, self.table)
+                return _torch_stream_label(node, native, self.table)
             if native is not None and not marker:
                 self.shadowed.append(node)
             return scope.label
@@ -261,8 +261,8 @@ class _Walk:
             if label is not None and priority is not None:
                 self.given.setdefault(label, []).append((node, priority))
             return label
-        if native is not None:  # a marker inside a native block only
-            return _native_label(node, native, self.table)
+        if native is not None:  # a marker inside a torch.Stream block only
+            return _torch_stream_label(node, native, self.table)
         return None
 
     def visit(self, node: torch.fx.Node) -> None:
@@ -275,7 +275,7 @@ class _Walk:
                     f"scope_enter and scope_exit are called in pairs. {_GRAPH_BREAK_HINT}"
                 )
             self.stack.pop()
-        native = native_index(node)
+        native = torch_stream_index(node)
         label = self._label(node, native)  # the front ends' (their priorities noted)
         producer = node.args[0] if target is operator.getitem and node.args else None
         if isinstance(producer, torch.fx.Node) and producer.name in self.stream_of:
@@ -389,12 +389,12 @@ def lower_streams(gm: torch.fx.GraphModule, *, single_stream: bool = False) -> S
 
 
 def settle_annotations(gm: torch.fx.GraphModule) -> int:
-    """Remove the native stream index of every node an inner ``airstream.stream`` block moved
+    """Remove the torch stream index of every node an inner ``airstream.stream`` block moved
     off that stream; return how many. Run on the Dynamo graph before AOTAutograd: scope markers
     say which block is inner there, and a backward graph, which has no markers, then reads each
-    node's one remaining annotation (its native index where the torch.Stream block is inner,
+    node's one remaining annotation (its torch stream index where the torch.Stream block is inner,
     else its ``air_stream`` label)."""
     shadowed = _walk(gm).shadowed
     for node in shadowed:
-        drop_native_index(node)
+        drop_torch_stream_index(node)
     return len(shadowed)

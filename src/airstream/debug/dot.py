@@ -169,7 +169,7 @@ def _node_attrs(
             tooltip=f"fused: {', '.join(seg.segment.nodes)}",
         )
     else:
-        text = native_call_text(node) or op_label(node)  # a native op: its streams by name
+        text = native_call_text(node) or op_label(node)  # a torch stream op: its streams by name
         attrs.update(fillcolor=fill, label=f"{node.name}\n{text}\n[{_stream_name(label)}]")
     return attrs
 

@@ -11,7 +11,7 @@ import torch.fx
 from airstream import torch_internals
 from airstream.nodes import segment_of, source_line, target_name
 from airstream.ops.library import record, scope_enter, scope_exit, wait, wait_tensor
-from airstream.ops.native import NativeStreams, native_streams_of
+from airstream.ops.torch_streams import TorchStreams, torch_streams_of
 from airstream.streams import StreamAssignment
 
 __all__ = [
@@ -70,10 +70,10 @@ def control_edges(gm: torch.fx.GraphModule, streams: StreamAssignment) -> list[C
     return edges
 
 
-def _arg_text(node: torch.fx.Node, position: int, arg: Any, table: NativeStreams | None) -> str:
-    """An argument as the dump shows it: a native op's stream and event indices by name."""
+def _arg_text(node: torch.fx.Node, position: int, arg: Any, table: TorchStreams | None) -> str:
+    """An argument as the dump shows it: a torch stream op's stream and event indices by name."""
     if table is not None and isinstance(arg, int) and not isinstance(arg, bool):
-        name = torch_internals.native_stream_op(node.target)
+        name = torch_internals.torch_stream_op(node.target)
         if name is not None and not (name == "synchronize_device" or position >= 2):
             return f"{table.name(arg)}"
         if name is None and torch_internals.is_external_object(node):
@@ -86,10 +86,10 @@ def native_call_text(node: torch.fx.Node) -> str | None:
     (``streams.wait_stream(alt_stream, main)``, ``get_external_object_by_index(alt_stream)``);
     None for any other node, or without the graph's table."""
     gm = node.graph.owning_module
-    table = native_streams_of(gm) if isinstance(gm, torch.fx.GraphModule) else None
+    table = torch_streams_of(gm) if isinstance(gm, torch.fx.GraphModule) else None
     if table is None or node.op != "call_function":
         return None
-    if torch_internals.native_stream_op(node.target) is None and not (
+    if torch_internals.torch_stream_op(node.target) is None and not (
         torch_internals.is_external_object(node)
     ):
         return None
@@ -99,8 +99,8 @@ def native_call_text(node: torch.fx.Node) -> str | None:
 
 def format_streams(gm: torch.fx.GraphModule, streams: StreamAssignment) -> str:
     """One line per node: stream, node, target and source line; markers shown as brackets.
-    A native op's streams and events (registry indices) are shown by their variable's name."""
-    table = native_streams_of(gm)
+    A torch stream op's streams and events (registry indices) are shown by their variable's name."""
+    table = torch_streams_of(gm)
     width = max([len(stream_name(s)) for s in streams.streams] + [6])
     lines = [f"{'stream':<{width}}  node"]
     for node in gm.graph.nodes:

@@ -39,7 +39,7 @@ from airstream.effects import data_inputs
 from airstream.layouts import same_layout_as
 from airstream.nodes import describe, segment_of
 from airstream.ops.library import record, wait_tensor
-from airstream.ops.native import NATIVE_OPS
+from airstream.ops.torch_streams import NATIVE_OPS
 from airstream.runtime.trace import op_begin, op_end
 from airstream.schedule.plan import Record, Run, Step, Wait
 

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.ops.native import NATIVE_OPS
+from airstream.ops.torch_streams import NATIVE_OPS
 from airstream.runtime.codegen import (
     Builder,
     GeneratedCode,
@@ -44,7 +44,7 @@ from airstream.runtime.codegen import (
     inputs_read,
 )
 from airstream.runtime.cuda_api import CUDA, CudaApi
-from airstream.runtime.native import NativeObjects, native_step
+from airstream.runtime.torch_streams import TorchStreamObjects, torch_stream_step
 from airstream.runtime.trace import CallTrace, tracing_wanted
 from airstream.schedule.plan import StreamPlan
 
@@ -114,7 +114,7 @@ class _IssueHooks(Hooks):
         node: torch.fx.Node,
         read: Callable[[torch.fx.Node], torch.fx.Node],
     ) -> torch.fx.Node | None:
-        found = native_step(node)
+        found = torch_stream_step(node)
         if found is None:
             return None
         fn, takes_api = found
@@ -146,7 +146,7 @@ class CudaExecutor:
         plan: StreamPlan,
         device: torch.device,
         api: CudaApi | None = None,
-        native: NativeObjects | None = None,
+        native: TorchStreamObjects | None = None,
     ) -> None:
         self._boxed_call = True
         self.plan = plan

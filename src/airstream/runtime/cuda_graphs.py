@@ -52,10 +52,10 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from airstream.config import CUDA_GRAPH_RERECORD_LIMIT
 from airstream.effects import alias_classes, effects
 from airstream.nodes import describe
-from airstream.ops.native import NATIVE_HOST_SYNCS
+from airstream.ops.torch_streams import NATIVE_HOST_SYNCS
 from airstream.runtime.capture_pool import CapturePool
 from airstream.runtime.cuda import CudaExecutor
-from airstream.runtime.native import NativeAround
+from airstream.runtime.torch_streams import TorchStreamsAround
 from airstream.torch_internals import data_ptrs_equal, foreach_copy
 
 __all__ = [
@@ -210,7 +210,7 @@ class CudaGraphExecutor:
         self._static_indices: list[int] = []  # the static inputs' positions
         self._static_outputs: Any = None
         self._own: list[int] = []  # the outputs in the graph's memory (copied out per replay)
-        self._around = NativeAround(gm)  # the user's events the call waits for and records
+        self._around = TorchStreamsAround(gm)  # the user's events the call waits for and records
 
     @property
     def code(self) -> str:

@@ -9,15 +9,15 @@ import torch.fx
 from airstream import torch_internals
 from airstream.config import CompilerConfig
 from airstream.openmp import openmp
-from airstream.ops.native import native_streams_of
+from airstream.ops.torch_streams import torch_streams_of
 from airstream.runtime.capture_pool import CapturePool
 from airstream.runtime.codegen import Executor
 from airstream.runtime.cpu import CpuExecutor
 from airstream.runtime.cuda import CudaExecutor
 from airstream.runtime.cuda_graphs import CudaGraphExecutor
 from airstream.runtime.data_dump import DataDumpExecutor
-from airstream.runtime.native import NativeObjects
 from airstream.runtime.serial import SerialExecutor
+from airstream.runtime.torch_streams import TorchStreamObjects
 from airstream.schedule.plan import StreamPlan
 
 __all__ = ["choose_executor"]
@@ -46,9 +46,11 @@ def choose_executor(
     if config.debug.run_eagerly:
         return SerialExecutor(gm, plan)
     if device.type == "cuda":
-        table = native_streams_of(gm)
-        native = None if table is None else NativeObjects(table, at_run_time=kind != "backward")
-        executor = CudaExecutor(gm, plan, device, native=native)
+        table = torch_streams_of(gm)
+        objects = None
+        if table is not None:
+            objects = TorchStreamObjects(table, at_run_time=kind != "backward")
+        executor = CudaExecutor(gm, plan, device, native=objects)
         if mode == "reduce-overhead":
             # Parameters and buffers are the same tensors every call: captured by address.
             torch_internals.require("cuda-graphs")

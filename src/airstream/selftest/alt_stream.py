@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from airstream.ops.native import current_stream
+from airstream.ops.torch_streams import current_stream
 
 __all__ = ["AltStreamMoe", "use_alt_stream"]
 

@@ -40,7 +40,7 @@ GROUPS: Mapping[str, str] = {
     "patterns": "registered pattern replacements (airstream.passes.Replacements)",
     "reinplace": "experimental_config.reinplace_input_mutations (custom ops writing inputs)",
     "torchair": "the TorchAir compat layer (`airstream run --torchair`, set_dim_gears)",
-    "native-streams": "torch.Stream, torch.Event and wait_stream in compiled model code",
+    "torch-streams": "torch.Stream, torch.Event and wait_stream in compiled model code",
     "inductor-pass": "airstream's stream passes as Inductor custom passes (airstream.inductor)",
     "compile-cache": "airstream.cache_compile and TorchAir's cache_compile (compiled code on disk)",
     "cpu-streams": "worker-thread side streams on CPU (their matrix multiplies' thread count)",

@@ -19,18 +19,18 @@ from airstream.torch_internals.registry import _attr, _feature, probe
 from airstream.torch_internals.streams import _REGISTRY, _ir
 
 __all__ = [
-    "NativeObject",
-    "native_object_at_run_time",
-    "native_objects",
-    "new_native_event",
-    "new_native_stream",
+    "TorchStreamObject",
+    "torch_stream_object_at_run_time",
+    "torch_stream_objects",
+    "new_torch_event",
+    "new_torch_stream",
     "readable_name",
     "register_current_stream",
 ]
 
 
 @dataclass(frozen=True)
-class NativeObject:
+class TorchStreamObject:
     """One stream or event in Dynamo's registry while a graph compiles: its ``index``, a weak
     reference to it, the expression Dynamo reads it from (``L['self'].alt_stream``; None for an
     object the compiled code creates) and whether it is the caller's current stream."""
@@ -87,7 +87,7 @@ def _source_name(source: Any) -> str | None:
     return str(name)
 
 
-def native_objects() -> dict[int, NativeObject]:
+def torch_stream_objects() -> dict[int, TorchStreamObject]:
     """Dynamo's registry as it stands while a graph compiles: every stream and event by index."""
     registry = _ir().registry
     constructors = dict(_entries(registry.index_to_bytecode_constructor))
@@ -101,7 +101,7 @@ def native_objects() -> dict[int, NativeObject]:
         current = (
             source is not None and type(source).__name__ == "CurrentStreamSource"
         ) or _builds_current_stream(constructor)
-        found[index] = NativeObject(index, ref, _source_name(source), current)
+        found[index] = TorchStreamObject(index, ref, _source_name(source), current)
     return found
 
 
@@ -110,7 +110,7 @@ def _stream_like(value: Any) -> bool:
     return type(value).__name__ in ("Stream", "Event", "ExternalStream")
 
 
-def native_object_at_run_time(index: int) -> Any:
+def torch_stream_object_at_run_time(index: int) -> Any:
     """The object at ``index`` for the call in progress (the graph's bytecode stores the
     caller's objects before each call)."""
     return _ir().getter(index)
@@ -163,14 +163,14 @@ def register_current_stream(
     return found
 
 
-def new_native_stream(device: torch.device) -> int:
+def new_torch_stream(device: torch.device) -> int:
     """A new stream on ``device`` for a pass writing native form: its registry index, valid for
     the graph being compiled (only while Dynamo compiles one)."""
     return _register_new("stream", device)
 
 
-def new_native_event(device: torch.device) -> int:
-    """A new event on ``device``, registered like :func:`new_native_stream`."""
+def new_torch_event(device: torch.device) -> int:
+    """A new event on ``device``, registered like :func:`new_torch_stream`."""
     return _register_new("event", device)
 
 

@@ -29,13 +29,13 @@ __all__ = [
     "control_deps_parts",
     "wrap_sync_nodes",
     "is_external_object",
-    "mentions_native_ir",
-    "native_method_call",
-    "native_stream_index",
-    "native_stream_op",
-    "is_native_stream_key",
-    "rename_native_stream_annotation",
-    "set_native_stream_index",
+    "mentions_torch_stream_ir",
+    "torch_stream_method_call",
+    "dynamo_stream_index",
+    "torch_stream_op",
+    "is_dynamo_stream_key",
+    "rename_dynamo_stream_annotation",
+    "set_dynamo_stream_index",
     "streams_op",
 ]
 
@@ -59,7 +59,7 @@ _METHODS = {"wait_stream", "wait_event", "synchronize", "record", "wait", "query
 
 
 @dataclass(frozen=True)
-class _NativeIR:
+class _TorchStreamIR:
     registry: Any  # the module holding Dynamo's registry of external objects
     ops: Mapping[Any, str]  # OpOverload -> its name in the streams namespace
     getter: Callable[[int], Any]  # get_external_object_by_index
@@ -71,11 +71,11 @@ class _NativeIR:
     "index_to_bytecode_constructor, get_external_object_by_index), the torch.ops.streams ops "
     "registered by torch._dynamo.variables.streams, new_stream/new_event there, and "
     "node.meta['custom']['stream']",
-    "native-streams",
+    "torch-streams",
     "running torch.Stream / torch.Event / wait_stream in compiled model code on airstream's "
     "streams",
 )
-def _probe_native_streams() -> _NativeIR:
+def _probe_torch_streams() -> _TorchStreamIR:
     registry = importlib.import_module(_REGISTRY)
     for name in ("index_to_external_object_weakref", "index_to_bytecode_constructor"):
         if not isinstance(getattr(registry, name), (dict, list)):
@@ -84,27 +84,27 @@ def _probe_native_streams() -> _NativeIR:
     variables = importlib.import_module("torch._dynamo.variables.streams")  # defines the ops
     for name in ("StreamVariable", "EventVariable"):
         getattr(variables, name)
-    registry.register_graph_created_object  # noqa: B018  (new_native_stream registers with it)
+    registry.register_graph_created_object  # noqa: B018  (new_torch_stream registers with it)
     namespace = torch.ops.streams
     ops = {getattr(namespace, name).default: name for name in _OPS}
     ops |= {getattr(namespace, n).default: n for n in _LATER_OPS if hasattr(namespace, n)}
     _module_reads("torch._dynamo.variables.streams", _STREAM_KEY)
-    return _NativeIR(registry, ops, getter)
+    return _TorchStreamIR(registry, ops, getter)
 
 
-def _ir() -> _NativeIR:
-    ir: _NativeIR = _get("native_streams")
+def _ir() -> _TorchStreamIR:
+    ir: _TorchStreamIR = _get("native_streams")
     return ir
 
 
-def native_stream_index(node: torch.fx.Node) -> int | None:
+def dynamo_stream_index(node: torch.fx.Node) -> int | None:
     """The registry index of the stream a node was traced under (``with stream:``), or None."""
     custom = node.meta.get("custom") or {}
     index = custom.get(_STREAM_KEY)
     return index if isinstance(index, int) and not isinstance(index, bool) else None
 
 
-def set_native_stream_index(node: torch.fx.Node, index: int | None) -> None:
+def set_dynamo_stream_index(node: torch.fx.Node, index: int | None) -> None:
     """Annotate ``node`` as traced under the stream at registry ``index`` (None: remove it)."""
     custom = dict(node.meta.get("custom") or {})
     if index is None:
@@ -117,12 +117,12 @@ def set_native_stream_index(node: torch.fx.Node, index: int | None) -> None:
         node.meta.pop("custom", None)
 
 
-def is_native_stream_key(key: str) -> bool:
+def is_dynamo_stream_key(key: str) -> bool:
     """True for the ``node.meta["custom"]`` key Dynamo writes a stream block's index under."""
     return key == _STREAM_KEY
 
 
-def rename_native_stream_annotation(node: torch.fx.Node, key: str) -> bool:
+def rename_dynamo_stream_annotation(node: torch.fx.Node, key: str) -> bool:
     """Move Dynamo's stream index to airstream's annotation ``key``, at the same place in the
     annotation dict (its order says which of two nested blocks is inner). AOTAutograd acts on
     Dynamo's key (its backward stream syncs, which fail on CPU builds), never on airstream's.
@@ -142,7 +142,7 @@ def streams_op(name: str) -> Any:
     raise LookupError(f"torch {torch.__version__} has no torch.ops.streams.{name}")
 
 
-def native_stream_op(target: Any) -> str | None:
+def torch_stream_op(target: Any) -> str | None:
     """The name of the ``torch.ops.streams`` op ``target`` is (``"record_event"``, ...), or None.
     Cheap for any target: other namespaces are rejected before the registry is consulted."""
     if not isinstance(target, (OperatorBase, OpOverloadPacket)):
@@ -201,11 +201,11 @@ def control_deps_parts(gm: torch.fx.GraphModule, node: torch.fx.Node) -> Control
     return ControlDeps(calls[0].target, tuple(to_outer(a) for a in calls[0].args), returned, kwargs)
 
 
-def mentions_native_ir(node: torch.fx.Node) -> bool:
+def mentions_torch_stream_ir(node: torch.fx.Node) -> bool:
     """Cheap, for any node: does it belong to PyTorch's stream IR (a stream annotation, a
     ``streams`` op, a ``control_deps`` wrapper, a registry object, a 2.11 stream method call)?
     No registry access for the nodes of a plain graph."""
-    if native_stream_index(node) is not None:
+    if dynamo_stream_index(node) is not None:
         return True
     if node.op == "call_method":
         return node.target in ("wait_stream", "wait_event")
@@ -225,7 +225,7 @@ def is_external_object(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and node.target is _ir().getter
 
 
-def native_method_call(node: torch.fx.Node) -> tuple[str, list[int]] | None:
+def torch_stream_method_call(node: torch.fx.Node) -> tuple[str, list[int]] | None:
     """torch 2.11's form: a method call (``wait_stream``, ``wait_event``, ``synchronize``,
     ``record``, ``wait``) on stream or event objects, as ``(method, [registry index of each
     object argument])``; None for any other node."""

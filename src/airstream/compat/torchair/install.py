@@ -81,7 +81,7 @@ _cpu_streams: list[Any] = []  # the torch.npu.stream blocks entered, innermost l
 
 
 def _cpu_current_stream(*args: Any, **kwargs: Any) -> Any:
-    from airstream.ops.native import current_stream
+    from airstream.ops.torch_streams import current_stream
 
     return _cpu_streams[-1] if _cpu_streams else current_stream("cpu")
 
@@ -91,7 +91,7 @@ def _cpu_new_stream(*args: Any, **kwargs: Any) -> Any:
     traces; eagerly one whose ordering calls work in eager code)."""
     if torch.compiler.is_compiling():
         return torch.Stream(device="cpu")
-    from airstream.ops.native import CpuStream
+    from airstream.ops.torch_streams import CpuStream
 
     return CpuStream()
 
@@ -123,7 +123,7 @@ def _npu_namespace(target: str) -> types.SimpleNamespace:
         return None
 
     def _default_stream(*args: Any, **kwargs: Any) -> Any:
-        from airstream.ops.native import current_stream
+        from airstream.ops.torch_streams import current_stream
 
         return current_stream("cpu")
 

@@ -2,7 +2,7 @@
 
 A graph's side stream that stands for a ``torch.Stream`` of the model runs on that object, so
 code outside the compiled region that synchronizes with it (``alt_stream.synchronize()``, an
-event recorded on it) stays right. The ``air.native_*`` steps (``ops/native.py``) act on the
+event recorded on it) stays right. The ``air.native_*`` steps (``ops/torch_streams.py``) act on the
 user's events and streams. Which objects: for an inference or forward graph, the ones Dynamo's
 bytecode stored for this call (the caller's, as torch itself reads them); for a backward graph,
 which runs outside that bytecode, the ones seen when the graph compiled.
@@ -11,7 +11,7 @@ Inside a CUDA graph capture the user's objects are not touched: side work runs o
 thread's private streams (a stream another thread may use must never join a capture), and the
 replay stands for the whole call: the user's events a call records are recorded on the caller's
 stream after the replay, and those it waits for (recorded outside the graph) are waited for on
-the caller's stream before it (:class:`NativeAround`).
+the caller's stream before it (:class:`TorchStreamsAround`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import torch
 import torch.fx
 
 from airstream import torch_internals
-from airstream.ops.native import (
-    NativeStreams,
+from airstream.ops.torch_streams import (
+    TorchStreams,
     native_device_synchronize,
     native_event_record,
     native_event_synchronize,
@@ -35,17 +35,17 @@ from airstream.ops.native import (
     native_wait_stream,
 )
 
-__all__ = ["NativeAround", "NativeObjects", "native_step"]
+__all__ = ["TorchStreamsAround", "TorchStreamObjects", "torch_stream_step"]
 
 
 @dataclass(frozen=True)
-class NativeObjects:
+class TorchStreamObjects:
     """Where a CUDA executor finds the user's streams and events for a call: ``table`` names
     them; ``at_run_time`` reads the objects Dynamo stored for the call in progress (inference
     and forward graphs), else those of compile time (backward). ``resolve`` replaces both (the
     tests' stand-in objects)."""
 
-    table: NativeStreams
+    table: TorchStreams
     at_run_time: bool = True
     resolve: Callable[[int], Any] | None = None
 
@@ -55,7 +55,7 @@ class NativeObjects:
         if self.resolve is not None:
             return self.resolve(index)
         if self.at_run_time:
-            value = torch_internals.native_object_at_run_time(index)
+            value = torch_internals.torch_stream_object_at_run_time(index)
             self.table.seen[index] = value
             return value
         return self.table.seen.get(index, self.table.compile_time_object(index))
@@ -68,7 +68,7 @@ class NativeObjects:
     def side_labels(self, labels: Sequence[str | None], device: str = "cuda") -> dict[str, int]:
         """Of ``labels``, those that stand for a user's stream on ``device``'s type, with its
         registry index (a CPU stream in a CUDA graph runs on airstream's stream for its label)."""
-        native = self.table.native_labels
+        native = self.table.torch_stream_labels
         return {
             str(label): native[label]
             for label in labels
@@ -78,7 +78,8 @@ class NativeObjects:
 
 # -- the steps ------------------------------------------------------------------------------------
 # Each runs from the issuing thread with the call's streams; ``natives`` is None while the
-# caller's stream captures a CUDA graph (the replay's caller does their work; see NativeAround).
+# caller's stream captures a CUDA graph (the replay's caller does their work; see
+# TorchStreamsAround).
 
 
 def _event_record(natives: Any, stream: Any, event: int) -> None:
@@ -127,7 +128,7 @@ _STEPS: dict[Any, Callable[..., None]] = {
 }
 
 
-def native_step(node: torch.fx.Node) -> tuple[Callable[..., None], bool] | None:
+def torch_stream_step(node: torch.fx.Node) -> tuple[Callable[..., None], bool] | None:
     """The function that runs ``node`` (an ``air.native_*`` step) and whether it takes the
     CudaApi before its arguments; None for any other node."""
     fn = _STEPS.get(node.target)
@@ -136,7 +137,7 @@ def native_step(node: torch.fx.Node) -> tuple[Callable[..., None], bool] | None:
     return fn, node.target in (native_device_synchronize, native_record_stream, native_wait_stream)
 
 
-class NativeAround:
+class TorchStreamsAround:
     """What a replayed CUDA graph does with the user's events and streams: the events the call
     waits for (recorded outside the graph) and the user's streams it waits for are waited for on
     the caller's stream before the replay; the events it records, recorded there after it."""
@@ -150,12 +151,12 @@ class NativeAround:
     def __bool__(self) -> bool:
         return bool(self.waits or self.stream_waits or self.records)
 
-    def before(self, natives: NativeObjects, stream: Any, api: Any) -> None:
+    def before(self, natives: TorchStreamObjects, stream: Any, api: Any) -> None:
         for index in self.waits:
             stream.wait_event(natives.get(index))
         for index in self.stream_waits:
             stream.wait_stream(api.adopt_stream(natives.get(index)))
 
-    def after(self, natives: NativeObjects, stream: Any) -> None:
+    def after(self, natives: TorchStreamObjects, stream: Any) -> None:
         for index in self.records:
             natives.get(index).record(stream)

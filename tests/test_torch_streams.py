@@ -21,7 +21,7 @@ from airstream import passes, torch_internals
 from airstream.backend import CompiledGraph
 from airstream.errors import StreamError
 from airstream.ops.library import record, wait
-from airstream.ops.native import NATIVE_OPS
+from airstream.ops.torch_streams import NATIVE_OPS
 
 pytestmark = pytest.mark.torch_api  # CI runs it on every torch minor (.ci/run)
 
@@ -91,7 +91,7 @@ def test_events_and_wait_stream_become_records_and_waits_between_the_right_strea
     # side.wait_stream(main), done.record() on side + done.wait(main), main.wait_stream(other)
     assert _control_syncs(graph) >= {(None, "side"), ("side", None), ("other", None)}
     gm = graph.graph_module
-    assert not [n for n in gm.graph.nodes if torch_internals.native_stream_op(n.target)]
+    assert not [n for n in gm.graph.nodes if torch_internals.torch_stream_op(n.target)]
     assert not [n for n in gm.graph.nodes if n.target in NATIVE_OPS]  # CPU: nothing left over
     records = [graph.streams.stream(n) for n in gm.graph.nodes if n.target is record]
     waits = [graph.streams.stream(n) for n in gm.graph.nodes if n.target is wait]
@@ -283,7 +283,7 @@ def test_a_wait_for_an_event_recorded_later_warns_with_its_source_line() -> None
     compiled, _ = compile_model(f)
     with pytest.warns(UserWarning, match=r"records only later") as caught, torch.no_grad():
         assert_same(compiled(torch.ones(4)), torch.ones(4).sin())
-    assert "test_native_streams.py" in str(caught[0].message)  # the line of done.wait(main)
+    assert "test_torch_streams.py" in str(caught[0].message)  # the line of done.wait(main)
 
 
 @pytest.mark.skipif(TORCH < (2, 13), reason="torch 2.11's Dynamo breaks the graph at record_stream")
@@ -370,8 +370,8 @@ def test_a_pass_reads_native_streams_and_may_write_native_form() -> None:
         (cos,) = passes.select_nodes(gm, target=aten.cos.default)
         seen["cos"] = streams.stream(cos)
         (exp,) = passes.select_nodes(gm, target=aten.exp.default)
-        index = torch_internals.new_native_stream(torch.device("cpu"))
-        torch_internals.set_native_stream_index(exp, index)
+        index = torch_internals.new_torch_stream(torch.device("cpu"))
+        torch_internals.set_dynamo_stream_index(exp, index)
         seen["index"] = index
 
     def f(x: torch.Tensor) -> torch.Tensor:
@@ -393,7 +393,7 @@ def test_a_pass_reads_native_streams_and_may_write_native_form() -> None:
 def test_a_native_op_given_an_event_for_a_stream_is_a_stream_error_naming_the_node() -> None:
     def pass_(gm: torch.fx.GraphModule, example_inputs: Any, config: Any) -> None:
         (cos,) = passes.select_nodes(gm, target=aten.cos.default)
-        event = torch_internals.new_native_event(torch.device("cpu"))
+        event = torch_internals.new_torch_event(torch.device("cpu"))
         with gm.graph.inserting_before(cos):
             gm.graph.call_function(torch_internals.streams_op("wait_stream"), (event, event))
 
@@ -423,7 +423,7 @@ def test_plain_graphs_never_consult_the_registry() -> None:
         with torch.no_grad():
             compiled(torch.ones(2))
     graph = graph_of(backend, "inference")
-    assert "air_native_streams" not in graph.graph_module.meta
+    assert "air_torch_streams" not in graph.graph_module.meta
 
 
 _LATER_TRAINING = """
@@ -458,7 +458,7 @@ print("trained", layer.weight.grad is not None)
             "'aot_eager'",
             marks=slow(
                 "a fresh process; the same import-time fix",
-                "tests/test_native_streams.py::"
+                "tests/test_torch_streams.py::"
                 "test_a_later_model_trains_after_the_first_native_stream_frame_is_gone",
             ),
         ),
@@ -485,7 +485,7 @@ def test_a_graph_break_inside_a_stream_block_warns_at_the_block() -> None:
     """torch cannot resume a frame inside a stream block: Dynamo runs the frame eagerly and the
     streams are lost. airstream's CpuStream (airstream.current_stream('cpu'), TorchAir's
     torch.npu.Stream here) says so at the block's line instead of staying silent."""
-    from airstream.ops.native import CpuStream
+    from airstream.ops.torch_streams import CpuStream
 
     block = CpuStream()
     graph_break = torch_internals.dynamo_graph_break()
@@ -510,17 +510,17 @@ def test_a_current_stream_dynamo_registers_while_compiling_is_main(
     """Dynamo's get_current_stream (AOTAutograd calls it for its own syncs on CUDA) registers
     the caller's stream with a constructor of its own, not a source: still the main stream, not
     a side stream of its own."""
-    from airstream.ops.native import NativeStreams
+    from airstream.ops.torch_streams import TorchStreams
 
     stand_in = torch.Stream(device="cpu")  # the caller's "CUDA" stream
     monkeypatch.setattr(torch.accelerator, "current_stream", lambda *a, **k: stand_in)
     index = torch_internals.register_current_stream(torch.device("cuda"))
-    table = NativeStreams.from_registry()
+    table = TorchStreams.from_registry()
     assert table.label(index) is None and table.name(index) == "main"
 
 
 def test_every_op_of_torchs_stream_ir_has_one_handler() -> None:
     """A handler renamed or an op added to the reader is a failing test, not a silent warning."""
-    from airstream.schedule.native import _HANDLERS
+    from airstream.schedule.torch_streams import _HANDLERS
 
     assert set(_HANDLERS) == set(torch_internals.STREAM_OPS)

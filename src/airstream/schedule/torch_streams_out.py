@@ -1,6 +1,6 @@
 """airstream's stream program written back in PyTorch's stream IR, for Inductor.
 
-:func:`write_native` takes a graph whose streams airstream's form says (scope markers, the
+:func:`write_torch_streams` takes a graph whose streams airstream's form says (scope markers, the
 ``air_stream`` annotation, record/wait) and writes the same program the way Dynamo writes a
 ``torch.Stream`` model: each side stream a stream object of the graph (registered so the graph's
 bytecode builds it before every call), its nodes annotated with it (``node.meta["custom"]``),
@@ -22,16 +22,16 @@ import torch.fx
 from airstream import torch_internals
 from airstream.devices import graph_device
 from airstream.ops.library import AIR_OPS, record, scope_enter, scope_exit, wait, wait_tensor
-from airstream.ops.native import CPU_STREAM_HOME, NativeStreams, current_stream
+from airstream.ops.torch_streams import CPU_STREAM_HOME, TorchStreams, current_stream
 from airstream.schedule.plan import Record, Run, Wait, build_plan
 from airstream.streams import assign_streams
 
-__all__ = ["NativeWritten", "write_native"]
+__all__ = ["TorchStreamsWritten", "write_torch_streams"]
 
 
 @dataclass(frozen=True)
-class NativeWritten:
-    """What :func:`write_native` wrote: each stream's registry index (main: the caller's
+class TorchStreamsWritten:
+    """What :func:`write_torch_streams` wrote: each stream's registry index (main: the caller's
     current stream), and how many events it recorded and waited for."""
 
     streams: dict[str | None, int]
@@ -42,7 +42,7 @@ class NativeWritten:
 def _main_index(device: torch.device) -> int:
     """The registry index of the caller's current stream: the one Dynamo registered while
     tracing, else one registered now."""
-    table = NativeStreams.from_registry()
+    table = TorchStreams.from_registry()
     for index, label in table.labels.items():
         if label is None and table.device(index) == device.type:
             return index
@@ -60,25 +60,25 @@ def _insert(
     with graph.inserting_after(where) if after else graph.inserting_before(where):
         node = graph.call_function(torch_internals.streams_op(op), args)
     if index is not None:
-        torch_internals.set_native_stream_index(node, index)
+        torch_internals.set_dynamo_stream_index(node, index)
     return node
 
 
-def write_native(gm: torch.fx.GraphModule) -> NativeWritten:
+def write_torch_streams(gm: torch.fx.GraphModule) -> TorchStreamsWritten:
     """Rewrite ``gm``'s air-form stream program in PyTorch's stream IR, in place (see the
     module docstring). A graph with no side stream is left as it is."""
-    torch_internals.require("native-streams")
+    torch_internals.require("torch-streams")
     streams = assign_streams(gm)
     plan = build_plan(gm, streams)
     graph = gm.graph
     sides = [s.label for s in plan.side_streams if s.runs]
     if not sides:
-        return NativeWritten({}, 0, 0)
+        return TorchStreamsWritten({}, 0, 0)
     device = graph_device(gm)
     index: dict[str | None, int] = {None: _main_index(device)}
     for label in sides:
-        index[label] = torch_internals.new_native_stream(device)
-    events = {e: torch_internals.new_native_event(device) for e in range(plan.num_events)}
+        index[label] = torch_internals.new_torch_stream(device)
+    events = {e: torch_internals.new_torch_event(device) for e in range(plan.num_events)}
     output = next(iter(graph.find_nodes(op="output")))
     first = next(n for n in graph.nodes if n.op != "placeholder")
     records = waits = 0
@@ -112,12 +112,12 @@ def write_native(gm: torch.fx.GraphModule) -> NativeWritten:
             continue
         label = streams.stream_of.get(node.name)
         if label is not None and node.target not in AIR_OPS:
-            torch_internals.set_native_stream_index(node, index[label])
+            torch_internals.set_dynamo_stream_index(node, index[label])
     _remove_air_ops(graph)
     torch_internals.wrap_sync_nodes(gm)  # as AOTAutograd leaves them: kept in place
     graph.lint()
     gm.recompile()
-    return NativeWritten({label: i for label, i in index.items()}, records, waits)
+    return TorchStreamsWritten({label: i for label, i in index.items()}, records, waits)
 
 
 def _remove_air_ops(graph: torch.fx.Graph) -> None:

@@ -19,13 +19,13 @@ from tests.cuda_standin import Event, StandInCuda, Stream
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from airstream import torch_internals
-from airstream.ops.native import NativeStreams
-from airstream.ops.native import native_streams_of as native_table
+from airstream.ops.torch_streams import TorchStreams
+from airstream.ops.torch_streams import torch_streams_of as torch_streams_table
 from airstream.runtime.cuda import CudaExecutor
 from airstream.runtime.cuda_graphs import CudaGraphExecutor, capture_blockers
-from airstream.runtime.native import NativeObjects
-from airstream.schedule.native import lower_native_streams
+from airstream.runtime.torch_streams import TorchStreamObjects
 from airstream.schedule.plan import build_plan
+from airstream.schedule.torch_streams import lower_torch_streams
 from airstream.streams import assign_streams
 from airstream.torch_internals import FakeTensorMode
 
@@ -42,8 +42,8 @@ def _model(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return a + b
 
 
-def _table() -> NativeStreams:
-    return NativeStreams(
+def _table() -> TorchStreams:
+    return TorchStreams(
         labels={MAIN: None, ALT: "alt"},
         events={EV, OUTSIDE},
         devices=dict.fromkeys((MAIN, ALT, EV, OUTSIDE), "cuda"),
@@ -61,20 +61,20 @@ def _native_graph(synchronize: bool = False) -> torch.fx.GraphModule:
     mm_1, relu, add = (n for n in graph.nodes if n.name in ("mm_1", "relu", "add"))
     op = torch_internals.streams_op
     for node in (mm_1, relu):
-        torch_internals.set_native_stream_index(node, ALT)
+        torch_internals.set_dynamo_stream_index(node, ALT)
     with graph.inserting_before(mm_1):
         waited = graph.call_function(op("wait_event"), (OUTSIDE, ALT))
-    torch_internals.set_native_stream_index(waited, ALT)
+    torch_internals.set_dynamo_stream_index(waited, ALT)
     with graph.inserting_after(relu):
         recorded = graph.call_function(op("record_event"), (EV, ALT))
-    torch_internals.set_native_stream_index(recorded, ALT)
+    torch_internals.set_dynamo_stream_index(recorded, ALT)
     with graph.inserting_before(add):
         graph.call_function(op("wait_event"), (EV, MAIN))
     if synchronize:
         with graph.inserting_after(add):
             graph.call_function(op("synchronize_event"), (EV,))
     gm.recompile()
-    lower_native_streams(gm, _table())
+    lower_torch_streams(gm, _table())
     return gm
 
 
@@ -84,7 +84,7 @@ def _executor(api: StandInCuda, gm: torch.fx.GraphModule) -> tuple[CudaExecutor,
         EV: Event(api, "user_ev"),
         OUTSIDE: Event(api, "outside_ev"),
     }
-    native = NativeObjects(_table(), resolve=objects.__getitem__)
+    native = TorchStreamObjects(_table(), resolve=objects.__getitem__)
     plan = build_plan(gm, assign_streams(gm))
     return CudaExecutor(gm, plan, CUDA0, api=api, native=native), objects
 
@@ -154,7 +154,7 @@ def test_reduce_overhead_waits_and_records_the_users_events_around_the_replay() 
 @pytest.mark.skipif(
     torch_internals.torch_release()[:2] < (2, 13),
     reason="torch 2.11 has no torch.ops.streams.synchronize_event (Dynamo writes a method call "
-    "there; its lowering is tested on CPU by tests/test_native_streams.py)",
+    "there; its lowering is tested on CPU by tests/test_torch_streams.py)",
 )
 def test_a_host_synchronize_keeps_the_graph_from_capture() -> None:
     gm = _native_graph(synchronize=True)
@@ -238,15 +238,15 @@ def test_the_serving_moe_block_runs_its_side_on_the_users_stream_on_the_standin(
     with torch.no_grad():
         compiled(hidden)
     (args,) = args_seen
-    table = NativeStreams(
-        labels=dict(native_table(graph.graph_module).labels),
-        devices=dict.fromkeys(native_table(graph.graph_module).devices, "cuda"),
-        names=dict(native_table(graph.graph_module).names),
+    table = TorchStreams(
+        labels=dict(torch_streams_table(graph.graph_module).labels),
+        devices=dict.fromkeys(torch_streams_table(graph.graph_module).devices, "cuda"),
+        names=dict(torch_streams_table(graph.graph_module).names),
     )
     api = StandInCuda()
     theirs = Stream(api, "models_alt_stream", 0)
-    (index,) = table.native_labels.values()
-    native = NativeObjects(table, resolve={index: theirs}.__getitem__)
+    (index,) = table.torch_stream_labels.values()
+    native = TorchStreamObjects(table, resolve={index: theirs}.__getitem__)
     executor = CudaExecutor(graph.graph_module, graph.plan, CUDA0, api=api, native=native)
     with torch.no_grad():
         got = executor(args)
@@ -265,7 +265,7 @@ def test_waiting_for_a_users_stream_that_runs_nothing_in_the_graph_still_waits()
     with gm.graph.inserting_before(first):
         gm.graph.call_function(torch_internals.streams_op("wait_stream"), (MAIN, ALT))
     gm.recompile()
-    lower_native_streams(gm, _table())
+    lower_torch_streams(gm, _table())
     api = StandInCuda()
     executor, _ = _executor(api, gm)
     caller = api.current_stream(CUDA0)
@@ -282,7 +282,7 @@ def test_a_backward_graph_finds_the_forward_calls_objects() -> None:
     table = _table()
     compiled_with = Stream(StandInCuda(), "alt_at_compile", 0)
     table.objects[ALT] = compiled_with
-    backward = NativeObjects(table, at_run_time=False)
+    backward = TorchStreamObjects(table, at_run_time=False)
     assert backward.get(ALT) is compiled_with
     table.seen[ALT] = forward_call = Stream(StandInCuda(), "alt_this_call", 0)
     assert backward.get(ALT) is forward_call

@@ -2,17 +2,18 @@
 ``air`` ops that act on them.
 
 A Dynamo graph names each stream and event by an index into Dynamo's registry of the objects it
-uses (:mod:`airstream.torch_internals.streams`). :class:`NativeStreams` is that table as
+uses (:mod:`airstream.torch_internals.streams`). :class:`TorchStreams` is that table as
 airstream reads it while the graph compiles: each stream's airstream label (the variable the model
 used, ``alt_stream``; the caller's current stream is the main stream, label ``None``), each
 object's device, and, on CUDA, how to find the caller's own object for a call.
 
-Ordering between streams becomes airstream's own ``record``/``wait`` (``schedule/native.py``).
-What only the user's own objects can do is left as one of the ops below, kept in place on its
-stream like TorchAir's tagged events: recording the user's event so that code outside the
-compiled region sees it, waiting for an event recorded outside it, the host synchronizes and
-``record_stream``. They act on CUDA objects only; for CPU objects the lowering never emits them
-(the host runs everything before the call, and a CPU tensor's memory is kept by its references).
+Ordering between streams becomes airstream's own ``record``/``wait``
+(``schedule/torch_streams.py``). What only the user's own objects can do is left as one of the ops
+below, kept in place on its stream like TorchAir's tagged events: recording the user's event so that
+code outside the compiled region sees it, waiting for an event recorded outside it, the host
+synchronizes and ``record_stream``. They act on CUDA objects only; for CPU objects the lowering
+never emits them (the host runs everything before the call, and a CPU tensor's memory is kept by its
+references).
 
     air::native_event_record(int event) -> ()        # record the user's event here
     air::native_event_wait(int event) -> ()          # this stream waits for it
@@ -45,14 +46,14 @@ __all__ = [
     "CPU_STREAM_HOME",
     "NATIVE_HOST_SYNCS",
     "NATIVE_OPS",
-    "NATIVE_STREAM_ANNOTATION",
-    "attach_native_streams",
-    "drop_native_index",
-    "native_streams_of",
-    "native_index",
+    "TORCH_STREAM_ANNOTATION",
+    "attach_torch_streams",
+    "drop_torch_stream_index",
+    "torch_streams_of",
+    "torch_stream_index",
     "CpuEvent",
     "CpuStream",
-    "NativeStreams",
+    "TorchStreams",
     "current_stream",
     "native_device_synchronize",
     "native_event_record",
@@ -80,7 +81,7 @@ def _nothing(*args: Any, **kwargs: Any) -> None:
 
 
 def _object(index: int) -> Any:
-    return torch_internals.native_object_at_run_time(index)
+    return torch_internals.torch_stream_object_at_run_time(index)
 
 
 def _current() -> Any:
@@ -129,31 +130,31 @@ for _op in NATIVE_OPS:
 
 # ---- the annotation ------------------------------------------------------------------------------
 
-# node.meta["custom"] key: the registry index of the native stream a node was traced under. The
+# node.meta["custom"] key: the registry index of the torch stream a node was traced under. The
 # backend moves Dynamo's own key here before AOTAutograd (which would act on Dynamo's); passes
 # may write either.
-NATIVE_STREAM_ANNOTATION = "air_native_stream"
+TORCH_STREAM_ANNOTATION = "air_torch_stream"
 
 
 def _index(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def native_index(node: torch.fx.Node) -> int | None:
-    """The registry index of the native stream ``node`` was traced under, or None."""
+def torch_stream_index(node: torch.fx.Node) -> int | None:
+    """The registry index of the torch stream ``node`` was traced under, or None."""
     custom = torch_internals.stream_annotations(node)
-    found = _index(custom.get(NATIVE_STREAM_ANNOTATION))
-    return found if found is not None else torch_internals.native_stream_index(node)
+    found = _index(custom.get(TORCH_STREAM_ANNOTATION))
+    return found if found is not None else torch_internals.dynamo_stream_index(node)
 
 
-def drop_native_index(node: torch.fx.Node) -> None:
-    """Remove the native stream index ``node`` was traced under (airstream's key and Dynamo's)."""
+def drop_torch_stream_index(node: torch.fx.Node) -> None:
+    """Remove the torch stream index ``node`` was traced under (airstream's key and Dynamo's)."""
     custom = torch_internals.stream_annotations(node)
-    if NATIVE_STREAM_ANNOTATION in custom:
+    if TORCH_STREAM_ANNOTATION in custom:
         torch_internals.set_annotations(
-            node, {k: v for k, v in custom.items() if k != NATIVE_STREAM_ANNOTATION}
+            node, {k: v for k, v in custom.items() if k != TORCH_STREAM_ANNOTATION}
         )
-    torch_internals.set_native_stream_index(node, None)
+    torch_internals.set_dynamo_stream_index(node, None)
 
 
 # ---- CPU streams eager code can order -------------------------------------------------------
@@ -246,7 +247,7 @@ def _device_type(value: Any) -> str:
 
 
 @dataclass
-class NativeStreams:
+class TorchStreams:
     """The streams and events of one Dynamo graph (shared by its forward and backward graphs):
     registry index -> airstream label for streams (None: the main stream), the device type of each
     object, and the source the model read it from. Built while the graph compiles
@@ -264,13 +265,13 @@ class NativeStreams:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
-    def from_registry(cls) -> NativeStreams:
+    def from_registry(cls) -> TorchStreams:
         """The objects Dynamo's registry holds now (while a graph compiles)."""
         table = cls()
-        table._add(torch_internals.native_objects())
+        table._add(torch_internals.torch_stream_objects())
         return table
 
-    def _add(self, found: Mapping[int, torch_internals.NativeObject]) -> None:
+    def _add(self, found: Mapping[int, torch_internals.TorchStreamObject]) -> None:
         taken = {label for label in self.labels.values() if label is not None}
         for index in sorted(found):
             if index in self.devices:
@@ -302,12 +303,12 @@ class NativeStreams:
     def _refresh(self, index: int) -> None:
         with self._lock:
             if index not in self.devices:
-                self._add(torch_internals.native_objects())
+                self._add(torch_internals.torch_stream_objects())
         if index not in self.devices:
             raise KeyError(
                 f"airstream: no stream or event at index {index} of Dynamo's registry; native "
                 "stream indices come from Dynamo (with stream:) or "
-                "torch_internals.new_native_stream"
+                "torch_internals.new_torch_stream"
             )
 
     def is_stream(self, index: int) -> bool:
@@ -342,20 +343,20 @@ class NativeStreams:
         return self.objects.get(index)
 
     @property
-    def native_labels(self) -> dict[str, int]:
+    def torch_stream_labels(self) -> dict[str, int]:
         """Side-stream label -> registry index (what the CUDA runtime resolves per call)."""
         return {label: i for i, label in self.labels.items() if label is not None}
 
 
-_TABLE_KEY = "air_native_streams"  # GraphModule.meta key: the graph's NativeStreams
+_TABLE_KEY = "air_torch_streams"  # GraphModule.meta key: the graph's TorchStreams
 
 
-def attach_native_streams(gm: torch.fx.GraphModule, table: NativeStreams) -> None:
+def attach_torch_streams(gm: torch.fx.GraphModule, table: TorchStreams) -> None:
     """Give ``gm`` its Dynamo graph's table (stream analysis reads it from there)."""
     gm.meta[_TABLE_KEY] = table
 
 
-def native_streams_of(gm: torch.fx.GraphModule) -> NativeStreams | None:
+def torch_streams_of(gm: torch.fx.GraphModule) -> TorchStreams | None:
     """The table attached to ``gm``, or None."""
     table = gm.meta.get(_TABLE_KEY)
-    return table if isinstance(table, NativeStreams) else None
+    return table if isinstance(table, TorchStreams) else None

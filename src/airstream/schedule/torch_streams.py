@@ -3,13 +3,13 @@
 
 What Dynamo writes (and passes may write), by torch release (``torch_internals.streams``):
 ``node.meta["custom"]`` stream indices, ``torch.ops.streams.*`` ops bare or wrapped in
-``control_deps``, and torch 2.11's method calls on stream objects. :func:`lower_native_streams`
+``control_deps``, and torch 2.11's method calls on stream objects. :func:`lower_torch_streams`
 rewrites a graph in place:
 
-- Dynamo's stream annotation moves to airstream's key (``ops/native.py``): stream analysis reads
-  it through the graph's :class:`~airstream.ops.native.NativeStreams` table, so each stream object
-  is one airstream stream (its variable's name), and AOTAutograd, which would act on Dynamo's key,
-  never sees it.
+- Dynamo's stream annotation moves to airstream's key (``ops/torch_streams.py``): stream analysis
+  reads it through the graph's :class:`~airstream.ops.torch_streams.TorchStreams` table, so each
+  stream object is one airstream stream (its variable's name), and AOTAutograd, which would act on
+  Dynamo's key, never sees it.
 - Each op gets its CUDA meaning in airstream's terms, at its place in program order:
   ``record_event(e, s)`` is an ``air.record()`` on ``s`` (the event's token); ``wait_event(e, s)``
   an ``air.wait`` on ``s`` for the event's last record before it; ``wait_stream(a, b)`` a record
@@ -47,37 +47,37 @@ from airstream.ops.library import (
     scope_exit,
     wait,
 )
-from airstream.ops.native import (
-    NATIVE_STREAM_ANNOTATION,
-    NativeStreams,
-    attach_native_streams,
+from airstream.ops.stream import STREAM_ANNOTATION
+from airstream.ops.torch_streams import (
+    TORCH_STREAM_ANNOTATION,
+    TorchStreams,
+    attach_torch_streams,
     native_device_synchronize,
     native_event_record,
     native_event_synchronize,
     native_event_wait,
-    native_index,
     native_record_stream,
     native_stream_synchronize,
     native_wait_stream,
+    torch_stream_index,
 )
-from airstream.ops.stream import STREAM_ANNOTATION
-from airstream.schedule.native_forms import (
-    NativeOp,
-    collect_native_ops,
+from airstream.schedule.torch_stream_forms import (
+    TorchStreamOp,
+    collect_torch_stream_ops,
     drop_dead_objects,
     erase_wrapper,
     replace_results,
 )
 from airstream.streams import assign_streams, settle_annotations
 
-__all__ = ["NativeLowering", "has_native_streams", "lower_native_streams", "torch_streams_for"]
+__all__ = ["TorchStreamLowering", "uses_torch_streams", "lower_torch_streams", "torch_streams_for"]
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class NativeLowering:
-    """What :func:`lower_native_streams` did: ops lowered by name, annotations moved, warnings."""
+class TorchStreamLowering:
+    """What :func:`lower_torch_streams` did: ops lowered by name, annotations moved, warnings."""
 
     ops: dict[str, int] = field(default_factory=dict)
     annotated: int = 0
@@ -88,34 +88,34 @@ class NativeLowering:
         return bool(self.ops or self.annotated)
 
 
-def has_native_streams(gm: torch.fx.GraphModule) -> bool:
+def uses_torch_streams(gm: torch.fx.GraphModule) -> bool:
     """Does ``gm`` use PyTorch's stream IR (cheap: no registry access for plain graphs)?"""
     return any(
-        native_index(node) is not None or torch_internals.mentions_native_ir(node)
+        torch_stream_index(node) is not None or torch_internals.mentions_torch_stream_ir(node)
         for node in gm.graph.nodes
     )
 
 
 def torch_streams_for(
-    gm: torch.fx.GraphModule, table: NativeStreams | None = None
-) -> NativeStreams | None:
+    gm: torch.fx.GraphModule, table: TorchStreams | None = None
+) -> TorchStreams | None:
     """The streams and events table of ``gm``, attached to it: ``table`` (its Dynamo graph's,
     which its forward and backward graphs share), else, where ``gm`` uses PyTorch's stream IR,
     one made from Dynamo's registry now; None for a graph with neither."""
-    if table is None and has_native_streams(gm):
-        table = NativeStreams.from_registry()
+    if table is None and uses_torch_streams(gm):
+        table = TorchStreams.from_registry()
     if table is not None:
-        attach_native_streams(gm, table)
+        attach_torch_streams(gm, table)
     return table
 
 
 @dataclass(frozen=True)
 class _Context:
-    """Where an op sits: the innermost labelled air scope around it, and the native stream its
+    """Where an op sits: the innermost labelled air scope around it, and the torch stream its
     scope_enter was traced under (which decides whether a native annotation inside is inner)."""
 
     scope: str | None = None
-    scope_native: int | None = None
+    scope_torch_stream: int | None = None
 
 
 def _contexts(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, _Context]:
@@ -134,14 +134,14 @@ def _contexts(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, _Context]:
             attrs = dict(zip(keys or (), values or (), strict=False))
             label = attrs.get(STREAM_LABEL_KEY)
             outer = stack[-1] if stack else _Context()
-            stack.append(_Context(str(label), native_index(node)) if label else outer)
+            stack.append(_Context(str(label), torch_stream_index(node)) if label else outer)
     return found
 
 
 class _Lowerer:
-    def __init__(self, gm: torch.fx.GraphModule, table: NativeStreams, kind: str) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, table: TorchStreams, kind: str) -> None:
         self.gm, self.graph, self.table, self.kind = gm, gm.graph, table, kind
-        self.report = NativeLowering()
+        self.report = TorchStreamLowering()
         self.last_record: dict[int, torch.fx.Node] = {}
         self.main_index = next((i for i, label in table.labels.items() if label is None), None)
 
@@ -149,7 +149,7 @@ class _Lowerer:
 
     def _new(
         self,
-        op: NativeOp,
+        op: TorchStreamOp,
         target: Any,
         args: tuple[Any, ...],
         label: str | None,
@@ -163,17 +163,17 @@ class _Lowerer:
         wrap = False
         if context.scope is None:
             if index is not None:
-                custom[NATIVE_STREAM_ANNOTATION] = index
+                custom[TORCH_STREAM_ANNOTATION] = index
             elif label is not None:
                 custom[STREAM_ANNOTATION] = label
-        elif index is not None and index != context.scope_native:
-            custom[NATIVE_STREAM_ANNOTATION] = index
+        elif index is not None and index != context.scope_torch_stream:
+            custom[TORCH_STREAM_ANNOTATION] = index
         elif label == context.scope:
             pass
         elif label is not None:
             wrap = True
-        elif self.main_index is not None and self.main_index != context.scope_native:
-            custom[NATIVE_STREAM_ANNOTATION] = self.main_index
+        elif self.main_index is not None and self.main_index != context.scope_torch_stream:
+            custom[TORCH_STREAM_ANNOTATION] = self.main_index
         else:
             self._warn(
                 op,
@@ -189,10 +189,10 @@ class _Lowerer:
         torch_internals.copy_trace_meta(op.anchor, node)
         if custom:
             torch_internals.set_annotations(node, custom)
-        node.meta["air_native_op"] = op.name
+        node.meta["air_torch_stream_op"] = op.name
         return node
 
-    def _stream(self, op: NativeOp, index: Any) -> tuple[str | None, int]:
+    def _stream(self, op: TorchStreamOp, index: Any) -> tuple[str | None, int]:
         if not isinstance(index, int) or not self.table.is_stream(index):
             what = "an event" if isinstance(index, int) else repr(index)
             raise StreamError(
@@ -201,7 +201,7 @@ class _Lowerer:
             )
         return self.table.label(index), index
 
-    def _event(self, op: NativeOp, index: Any) -> int:
+    def _event(self, op: TorchStreamOp, index: Any) -> int:
         if not isinstance(index, int) or self.table.is_stream(index):
             raise StreamError(
                 f"{describe(op.anchor)} in the {self.kind} graph: {op.name} needs an event, got a "
@@ -213,7 +213,7 @@ class _Lowerer:
         """Is the object at ``index`` on an accelerator (where the user's own object acts)?"""
         return self.table.device(index) != "cpu"
 
-    def _warn(self, op: NativeOp, what: str) -> None:
+    def _warn(self, op: TorchStreamOp, what: str) -> None:
         line = source_line(op.anchor)
         where = f" at {line}" if line else ""
         message = f"airstream: {op.name}{where} in the {self.kind} graph: {what}"
@@ -222,7 +222,7 @@ class _Lowerer:
 
     # -- the ops ---------------------------------------------------------------------------------
 
-    def lower(self, ops: Sequence[NativeOp], contexts: dict[torch.fx.Node, _Context]) -> None:
+    def lower(self, ops: Sequence[TorchStreamOp], contexts: dict[torch.fx.Node, _Context]) -> None:
         streams = None
         for op in ops:
             context = contexts.get(op.anchor, _Context())
@@ -245,21 +245,21 @@ class _Lowerer:
             else:
                 self.graph.erase_node(op.anchor)
 
-    def _current(self, op: NativeOp, index: Any) -> Any:
+    def _current(self, op: TorchStreamOp, index: Any) -> Any:
         """torch 2.11's ``Event.record()``/``wait()`` without a stream: the block's stream."""
         if index is not None:
             return index
-        traced = native_index(op.anchor)
+        traced = torch_stream_index(op.anchor)
         return traced if traced is not None else self.main_index
 
-    def _record_event(self, op: NativeOp, context: _Context, _: Any) -> None:
+    def _record_event(self, op: TorchStreamOp, context: _Context, _: Any) -> None:
         event = self._event(op, op.args[0])
         label, index = self._stream(op, self._current(op, op.args[1]))
         if self._on_device(event):  # a step: the stream runs something even if nothing else
             self._new(op, native_event_record, (event,), label, index, context)
         self.last_record[event] = self._new(op, record, (), label, index, context)
 
-    def _wait_event(self, op: NativeOp, context: _Context, _: Any, hold: Any = None) -> None:
+    def _wait_event(self, op: TorchStreamOp, context: _Context, _: Any, hold: Any = None) -> None:
         event = self._event(op, op.args[0])
         label, index = self._stream(op, self._current(op, op.args[1]))
         token = self.last_record.get(event)
@@ -280,10 +280,10 @@ class _Lowerer:
                 "nothing. Record the event before waiting for it.",
             )
 
-    def _sync_dealloc(self, op: NativeOp, context: _Context, streams: Any) -> None:
+    def _sync_dealloc(self, op: TorchStreamOp, context: _Context, streams: Any) -> None:
         self._wait_event(op, context, streams, hold=op.args[2] if len(op.args) > 2 else None)
 
-    def _wait_stream(self, op: NativeOp, context: _Context, _: Any) -> None:
+    def _wait_stream(self, op: TorchStreamOp, context: _Context, _: Any) -> None:
         waiting_label, waiting = self._stream(op, op.args[0])
         waited_label, waited = self._stream(op, op.args[1])
         if waiting_label == waited_label:
@@ -293,17 +293,17 @@ class _Lowerer:
         if self._on_device(waited):  # also the user's stream's work issued before the call
             self._new(op, native_wait_stream, (waited,), waiting_label, waiting, context)
 
-    def _record_stream(self, op: NativeOp, context: _Context, _: Any) -> None:
+    def _record_stream(self, op: TorchStreamOp, context: _Context, _: Any) -> None:
         tensor, stream = op.args[0], op.args[1]
         _, index = self._stream(op, stream)
         if self._on_device(index):
             node = self._new(op, native_record_stream, (tensor, index), None, None, _Context())
             torch_internals.set_annotations(node, torch_internals.stream_annotations(op.anchor))
 
-    def _fork(self, op: NativeOp, context: _Context, _: Any) -> None:
+    def _fork(self, op: TorchStreamOp, context: _Context, _: Any) -> None:
         """A switch of the current stream: the annotations already place each node."""
 
-    def _synchronize_event(self, op: NativeOp, context: _Context, streams: Any) -> None:
+    def _synchronize_event(self, op: TorchStreamOp, context: _Context, streams: Any) -> None:
         event = self._event(op, op.args[0])
         token = self.last_record.get(event)
         if token is not None:
@@ -311,14 +311,14 @@ class _Lowerer:
         if self._on_device(event):
             self._new(op, native_event_synchronize, (event,), None, self.main_index, context)
 
-    def _synchronize_stream(self, op: NativeOp, context: _Context, streams: Any) -> None:
+    def _synchronize_stream(self, op: TorchStreamOp, context: _Context, streams: Any) -> None:
         label, index = self._stream(op, op.args[0])
         token = self._new(op, record, (), label, index, context)
         self._barrier(op, context, streams, [token], skip=(label,))
         if self._on_device(index):
             self._new(op, native_stream_synchronize, (index,), None, self.main_index, context)
 
-    def _synchronize_device(self, op: NativeOp, context: _Context, streams: Any) -> None:
+    def _synchronize_device(self, op: TorchStreamOp, context: _Context, streams: Any) -> None:
         labels = self._labels_before(op, streams)
         tokens = [
             self._new(op, record, (), label, self._index_of(label), context) for label in labels
@@ -334,7 +334,7 @@ class _Lowerer:
     def _index_of(self, label: str | None) -> int | None:
         if label is None:
             return self.main_index
-        return self.table.native_labels.get(label)
+        return self.table.torch_stream_labels.get(label)
 
     def _executed_labels(self, nodes: Any, streams: Any) -> list[str | None]:
         labels: dict[str | None, None] = {}
@@ -344,7 +344,7 @@ class _Lowerer:
                     labels[streams.stream_of[node.name]] = None
         return list(labels)
 
-    def _labels_before(self, op: NativeOp, streams: Any) -> list[str | None]:
+    def _labels_before(self, op: TorchStreamOp, streams: Any) -> list[str | None]:
         before = []
         for node in self.graph.nodes:
             if node is op.anchor:
@@ -354,7 +354,7 @@ class _Lowerer:
 
     def _barrier(
         self,
-        op: NativeOp,
+        op: TorchStreamOp,
         context: _Context,
         streams: Any,
         tokens: list[torch.fx.Node],
@@ -369,19 +369,19 @@ class _Lowerer:
             if label not in skip:
                 self._new(op, wait, (list(tokens),), label, self._index_of(label), context)
 
-    def _recorded_later(self, op: NativeOp, event: int) -> bool:
+    def _recorded_later(self, op: TorchStreamOp, event: int) -> bool:
         seen = False
         for node in self.graph.nodes:
             if node is op.anchor:
                 seen = True
-            elif seen and torch_internals.native_stream_op(node.target) == "record_event":
+            elif seen and torch_internals.torch_stream_op(node.target) == "record_event":
                 if node.args and node.args[0] == event:
                     return True
         return False
 
 
 # What each op of torch's stream IR means (every name in torch_internals.STREAM_OPS)
-_HANDLERS: dict[str, Callable[[_Lowerer, NativeOp, _Context, Any], None]] = {
+_HANDLERS: dict[str, Callable[[_Lowerer, TorchStreamOp, _Context, Any], None]] = {
     "record_event": _Lowerer._record_event,
     "wait_event": _Lowerer._wait_event,
     "wait_stream": _Lowerer._wait_stream,
@@ -398,26 +398,26 @@ _HANDLERS: dict[str, Callable[[_Lowerer, NativeOp, _Context, Any], None]] = {
 def _move_annotations(gm: torch.fx.GraphModule) -> int:
     moved = 0
     for node in gm.graph.nodes:
-        moved += torch_internals.rename_native_stream_annotation(node, NATIVE_STREAM_ANNOTATION)
+        moved += torch_internals.rename_dynamo_stream_annotation(node, TORCH_STREAM_ANNOTATION)
     return moved
 
 
-def lower_native_streams(gm: torch.fx.GraphModule, table: NativeStreams) -> NativeLowering:
-    """Rewrite ``gm``'s native stream IR into airstream's, in place (see the module docstring);
+def lower_torch_streams(gm: torch.fx.GraphModule, table: TorchStreams) -> TorchStreamLowering:
+    """Rewrite ``gm``'s torch stream IR into airstream's, in place (see the module docstring);
     attach ``table`` to ``gm`` for stream analysis, and leave each node one stream annotation
     (:func:`airstream.streams.settle_annotations`). Raises StreamError for an op whose arguments
     are not what it needs (an event where a stream is needed), naming its source line."""
-    torch_internals.require("native-streams")
-    attach_native_streams(gm, table)
+    torch_internals.require("torch-streams")
+    attach_torch_streams(gm, table)
     kind = str(gm.meta.get(GRAPH_KIND_KEY, "given"))
     lowering = _Lowerer(gm, table, kind)
     lowering.report.annotated = _move_annotations(gm)
-    ops = collect_native_ops(gm, table)
+    ops = collect_torch_stream_ops(gm, table)
     if ops:
         lowering.lower(ops, _contexts(gm))
     drop_dead_objects(gm)
     settle_annotations(gm)
     gm.graph.lint()
     if lowering.report.changed:
-        log.debug("native streams (%s graph): %s", kind, lowering.report)
+        log.debug("torch streams (%s graph): %s", kind, lowering.report)
     return lowering.report

@@ -3,10 +3,10 @@ of its forms.
 
 Dynamo (and passes) write an event call or a stream sync as a bare ``torch.ops.streams`` op,
 AOTAutograd wraps each in ``control_deps`` (torch 2.13 and later), and torch 2.11 leaves some as
-method calls on the stream or event object. :func:`collect_native_ops` turns a graph's forms into
-:class:`NativeOp` records in program order, named as the newest torch names them (unwrapping
-``control_deps`` around any other op, telling torch 2.11's ``synchronize`` of a stream from an
-event's); ``schedule/native.py`` gives them their meaning, one handler per op name.
+method calls on the stream or event object. :func:`collect_torch_stream_ops` turns a graph's forms
+into :class:`TorchStreamOp` records in program order, named as the newest torch names them
+(unwrapping ``control_deps`` around any other op, telling torch 2.11's ``synchronize`` of a stream
+from an event's); ``schedule/torch_streams.py`` gives them their meaning, one handler per op name.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import torch
 import torch.fx
 
 from airstream import torch_internals
-from airstream.ops.native import NativeStreams
+from airstream.ops.torch_streams import TorchStreams
 
 __all__ = [
-    "NativeOp",
-    "collect_native_ops",
+    "TorchStreamOp",
+    "collect_torch_stream_ops",
     "drop_dead_objects",
     "erase_wrapper",
     "replace_results",
@@ -31,7 +31,7 @@ __all__ = [
 
 
 @dataclass
-class NativeOp:
+class TorchStreamOp:
     """One op of torch's stream IR in program order: the node standing for it, its name in the
     ``torch.ops.streams`` namespace (one of ``torch_internals.STREAM_OPS``) and its arguments;
     or, where ``supported`` is False, a method no streams op stands for (``name``: the method)."""
@@ -43,47 +43,47 @@ class NativeOp:
     supported: bool = True
 
 
-def collect_native_ops(gm: torch.fx.GraphModule, table: NativeStreams) -> list[NativeOp]:
+def collect_torch_stream_ops(gm: torch.fx.GraphModule, table: TorchStreams) -> list[TorchStreamOp]:
     """Every op of torch's stream IR in ``gm``, in program order, as the streams ops of the newest
     torch, whatever form the torch release wrote (``table``: the graph's streams and events)."""
-    found: list[NativeOp] = []
+    found: list[TorchStreamOp] = []
     for node in list(gm.graph.nodes):
         if node.op == "call_function":
-            name = torch_internals.native_stream_op(node.target)
+            name = torch_internals.torch_stream_op(node.target)
             if name is not None:
-                found.append(NativeOp(node, name, tuple(node.args)))
+                found.append(TorchStreamOp(node, name, tuple(node.args)))
                 continue
             parts = torch_internals.control_deps_parts(gm, node)
             if parts is not None:
-                inner = torch_internals.native_stream_op(parts.target)
+                inner = torch_internals.torch_stream_op(parts.target)
                 if inner is None:
                     _unwrap(gm, node, parts)  # another side-effect op: call it in place
                 else:
-                    found.append(NativeOp(node, inner, parts.args, dict(parts.returned)))
+                    found.append(TorchStreamOp(node, inner, parts.args, dict(parts.returned)))
         elif node.op == "call_method":
-            call = torch_internals.native_method_call(node)
+            call = torch_internals.torch_stream_method_call(node)
             if call is not None:
                 found.append(_method_op(node, table, *call))
     return found
 
 
 def _method_op(
-    node: torch.fx.Node, table: NativeStreams, method: str, objects: list[int]
-) -> NativeOp:
+    node: torch.fx.Node, table: TorchStreams, method: str, objects: list[int]
+) -> TorchStreamOp:
     """torch 2.11's method calls as the ops later releases write."""
     if method == "wait_stream" and len(objects) == 2:
-        return NativeOp(node, "wait_stream", (objects[0], objects[1]))
+        return TorchStreamOp(node, "wait_stream", (objects[0], objects[1]))
     if method == "wait_event" and len(objects) == 2:
-        return NativeOp(node, "wait_event", (objects[1], objects[0]))
+        return TorchStreamOp(node, "wait_event", (objects[1], objects[0]))
     stream = objects[1] if len(objects) > 1 else None  # Event.record/wait(stream=None)
     if method == "synchronize" and len(objects) == 1:  # a stream's or an event's
         name = "synchronize_stream" if table.is_stream(objects[0]) else "synchronize_event"
-        return NativeOp(node, name, (objects[0],))
+        return TorchStreamOp(node, name, (objects[0],))
     if method == "record" and objects:
-        return NativeOp(node, "record_event", (objects[0], stream))
+        return TorchStreamOp(node, "record_event", (objects[0], stream))
     if method == "wait" and objects:
-        return NativeOp(node, "wait_event", (objects[0], stream))
-    return NativeOp(node, method, tuple(objects), supported=False)
+        return TorchStreamOp(node, "wait_event", (objects[0], stream))
+    return TorchStreamOp(node, method, tuple(objects), supported=False)
 
 
 def _unwrap(gm: torch.fx.GraphModule, node: torch.fx.Node, parts: Any) -> None:
