@@ -2,13 +2,13 @@
 
 A user comparing airstream with the backend they have, Inductor, must not find it slower, so the
 default is chosen per device by what was measured (``airstream bench decode``, one stream, runners
-interleaved; docs/benchmarks.md):
+interleaved; the figures and their conditions are in docs/benchmarks.md, not here):
 
-- **CPU: max-autotune** (Inductor's C++ code for each stream's runs of ops). On this project's
-  2-core VMs it runs decode steps at 0.98-0.99x of Inductor, where reduce-overhead's one aten call
-  per op runs at 0.79-0.91x; it costs compile time (each segment is an Inductor compile, cached
-  on disk by Inductor's FX graph cache). Where Inductor has no C++ compiler to build with, the
-  default is reduce-overhead, with one warning.
+- **CPU: max-autotune** (Inductor's C++ code for each stream's runs of ops), which runs decode
+  steps about as fast as Inductor where reduce-overhead's one aten call per op is slower; it
+  costs compile time (each segment is an Inductor compile, cached on disk by Inductor's FX graph
+  cache). Where Inductor has no C++ compiler to build with, the default is reduce-overhead, with
+  one warning.
 - **CUDA (and any device but the CPU): reduce-overhead** (on CUDA the whole multi-stream call
   captured as one CUDA graph): a small
   decode step on a GPU is bound by kernel launches, which a CUDA graph removes and Inductor's
