@@ -181,9 +181,7 @@ class CpuExecutor:
                 for i in range(len(self.sides))
             ]
 
-        def run_main() -> Any:
-            return self._run_main(main, main_inputs, call, trace)
-
+        run_main = self._main_job(main, main_inputs, call, trace)
         ran = None
         # A team no larger than the one the caller's own torch ops use: a larger one would
         # leave OpenMP managing more threads than it has cores, which throttles its spinning
@@ -196,22 +194,27 @@ class CpuExecutor:
             result = self._run_on_workers(run_main, jobs(self.threads_per_stream), call)
         return self._end(call, trace, ran is not None, result)
 
-    def _run_main(
+    def _main_job(
         self, code: GeneratedCode, inputs: list[Any], call: Call, trace: CallTrace | None
-    ) -> Any:
-        """The main stream's steps, on the calling thread."""
-        _inside.call = True
-        try:
-            if trace is None:
-                return code.fn(inputs, call.slots, call.events, call)
-            return code.fn(inputs, call.slots, call.events, call, {None: trace.stream(None)})
-        except Aborted:
-            return None
-        except BaseException as error:
-            call.fail(error, code.locate(error))
-            return None
-        finally:
-            _inside.call = False
+    ) -> Callable[[], Any]:
+        """The main stream's steps for one call, to run on the calling thread."""
+        fn, slots, events = code.fn, call.slots, call.events
+
+        def run_main() -> Any:
+            _inside.call = True
+            try:
+                if trace is None:
+                    return fn(inputs, slots, events, call)
+                return fn(inputs, slots, events, call, {None: trace.stream(None)})
+            except Aborted:
+                return None
+            except BaseException as error:
+                call.fail(error, code.locate(error))
+                return None
+            finally:
+                _inside.call = False
+
+        return run_main
 
     def _side_job(
         self,
@@ -248,7 +251,10 @@ class CpuExecutor:
                     if threads is None:
                         _name_team_thread()
                     args = (*args, {code.label: trace.stream(code.label)})
-                run_as_caller(with_carrier, caller, code.fn, *args)
+                if with_carrier is not None:  # the caller's whole thread-local state
+                    with_carrier.run(caller.state, code.fn, *args)
+                else:
+                    run_as_caller(None, caller, code.fn, *args)
             except Aborted:
                 ended = None
             except BaseException as error:  # handed to the caller
