@@ -29,6 +29,7 @@ nothing is kept between calls.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -70,7 +71,7 @@ __all__ = [
 
 STREAM_KEY = "air_stream_label"  # node.meta: the node's stream (None: main), once lowered
 SCOPE_KEY = "air_scope"  # node.meta: the non-stream scope keys in force (TorchAir's scopes)
-_LOWERED_KEY = "air_streams_lowered"  # gm.meta: every call node carries STREAM_KEY
+_LOWERED_KEY = "air_streams_lowered"  # gm.meta: every call node carries STREAM_KEY (_Lowered)
 
 _GRAPH_BREAK_HINT = (
     "A graph break inside a stream scope is the usual cause: the graph ends (or starts) inside "
@@ -128,14 +129,32 @@ class _Scope:
     native: int | None = None  # the torch stream its scope_enter was traced under
 
 
+@dataclass(frozen=True)
+class _Lowered:
+    """What a lowered graph keeps about its streams beside each node's key: the priorities its
+    scopes and annotations gave, and what the lowering warned about."""
+
+    priorities: Mapping[str, int]
+    notes: tuple[str, ...]
+
+
 # the nodes that run: an aten graph's calls, and a Dynamo graph's method and module calls
 _CALLS = frozenset({"call_function", "call_method", "call_module"})
+
+
+@functools.lru_cache(maxsize=4096)
+def _op(target: object) -> object:
+    return air_op_for(target) or target
 
 
 def _target(node: torch.fx.Node) -> object:
     """The node's op, an ``air`` op written as its packet (a Dynamo graph's) or another name of
     it (TorchAir's ``npugraph_ex``) read as the op itself."""
-    return air_op_for(node.target) or node.target
+    target = node.target
+    try:
+        return _op(target)
+    except TypeError:  # not hashable (a call_module's string is; a bound method may not be)
+        return air_op_for(target) or target
 
 
 def _kind(gm: torch.fx.GraphModule) -> str:
@@ -212,10 +231,12 @@ def _check_wait_tensor(node: torch.fx.Node) -> None:
             )
 
 
-def _annotation(node: torch.fx.Node, table: TorchStreams | None) -> tuple[str | None, int | None]:
-    """A node's stream outside every stream scope: its torch.Stream block's, else its
-    ``airstream.stream`` annotation's (with the priority the annotation gives)."""
-    native = torch_stream_index(node)
+def _annotation(
+    node: torch.fx.Node, native: int | None, table: TorchStreams | None
+) -> tuple[str | None, int | None]:
+    """A node's stream outside every stream scope: its torch.Stream block's (``native``, its
+    registry index), else its ``airstream.stream`` annotation's (with the priority the
+    annotation gives)."""
     if native is not None:
         return _torch_stream_label(node, native, table), None
     custom = stream_annotations(node)
@@ -237,7 +258,6 @@ class _Walk:
     def __init__(self, gm: torch.fx.GraphModule) -> None:
         self.gm = gm
         self.kind = _kind(gm)
-        self.lowered = bool(gm.meta.get(_LOWERED_KEY))
         self.table = torch_streams_of(gm)
         self.stack: list[_Scope] = []
         self.stream_of: dict[str, str | None] = {}
@@ -257,7 +277,7 @@ class _Walk:
                 self.shadowed.append(node)
             return scope.label
         if not marker:  # outside every stream scope: the annotations decide
-            label, priority = _annotation(node, self.table)
+            label, priority = _annotation(node, native, self.table)
             if label is not None and priority is not None:
                 self.given.setdefault(label, []).append((node, priority))
             return label
@@ -280,14 +300,6 @@ class _Walk:
         producer = node.args[0] if target is operator.getitem and node.args else None
         if isinstance(producer, torch.fx.Node) and producer.name in self.stream_of:
             label = self.stream_of[producer.name]  # tuple indexing runs with its producer
-        if self.lowered:  # the key says it
-            if STREAM_KEY not in node.meta:
-                raise StreamError(
-                    f"{describe(node)} in the {self.kind} graph has no stream: a stage after "
-                    "the passes added it without node.meta[airstream.streams.STREAM_KEY] "
-                    "(copy the meta of the node it replaces). This is a bug in airstream."
-                )
-            label = node.meta[STREAM_KEY]
         self.stream_of[node.name] = label
         attrs: dict[str, str] = {}
         for scope in self.stack:
@@ -309,9 +321,7 @@ class _Walk:
             _check_wait_tensor(node)
 
     def result(self) -> StreamAssignment:
-        order: dict[str | None, None] = {None: None}
-        for label in self.stream_of.values():
-            order.setdefault(label, None)
+        order: dict[str | None, None] = dict.fromkeys([None, *self.stream_of.values()])
         priorities: dict[str, int] = {}
         notes: list[str] = []
         for label, given in self.given.items():
@@ -326,15 +336,49 @@ class _Walk:
                         f"{describe(node)} but priority {first} earlier in the {self.kind} "
                         f"graph; using {first}"
                     )
-        return StreamAssignment(
-            stream_of=MappingProxyType(self.stream_of),
-            streams=tuple(order),
-            priorities=MappingProxyType(priorities),
-            scope_attrs=MappingProxyType(
-                {k: MappingProxyType(v) for k, v in self.scope_attrs.items()}
-            ),
-            notes=tuple(notes),
-        )
+        return _assignment(self.stream_of, self.scope_attrs, priorities, tuple(notes))
+
+
+def _assignment(
+    stream_of: dict[str, str | None],
+    scope_attrs: Mapping[str, Mapping[str, str]],
+    priorities: Mapping[str, int],
+    notes: tuple[str, ...],
+) -> StreamAssignment:
+    order = dict.fromkeys([None, *stream_of.values()])
+    return StreamAssignment(
+        stream_of=MappingProxyType(stream_of),
+        streams=tuple(order),
+        priorities=MappingProxyType({k: v for k, v in priorities.items() if k in order}),
+        scope_attrs=MappingProxyType({k: MappingProxyType(v) for k, v in scope_attrs.items()}),
+        notes=notes,
+    )
+
+
+def _read(gm: torch.fx.GraphModule, lowered: _Lowered) -> StreamAssignment:
+    """A lowered graph's streams, read from its nodes' keys, and its waits checked."""
+    stream_of: dict[str, str | None] = {}
+    scope_attrs: dict[str, Mapping[str, str]] = {}
+    for node in gm.graph.nodes:
+        if node.op not in _CALLS:
+            continue
+        meta = node.meta
+        if STREAM_KEY not in meta:
+            raise StreamError(
+                f"{describe(node)} in the {_kind(gm)} graph has no stream: a stage after the "
+                "passes added it without node.meta[airstream.streams.STREAM_KEY] (copy the "
+                "meta of the node it replaces). This is a bug in airstream."
+            )
+        stream_of[node.name] = meta[STREAM_KEY]
+        attrs = meta.get(SCOPE_KEY)
+        if attrs:
+            scope_attrs[node.name] = attrs
+        target = _target(node)
+        if target is wait:
+            _check_wait(node)
+        elif target is wait_tensor:
+            _check_wait_tensor(node)
+    return _assignment(stream_of, scope_attrs, lowered.priorities, lowered.notes)
 
 
 def _walk(gm: torch.fx.GraphModule) -> _Walk:
@@ -358,12 +402,15 @@ def assign_streams(gm: torch.fx.GraphModule) -> StreamAssignment:
     """Every node's stream, and the stream program checked; raises StreamError if invalid.
     A lowered graph's (:func:`lower_streams`) is read from its nodes' keys; a graph still in
     the passes has it worked out from its front ends. Reads the graph only."""
+    lowered = gm.meta.get(_LOWERED_KEY)
+    if isinstance(lowered, _Lowered):
+        return _read(gm, lowered)
     return _walk(gm).result()
 
 
 def is_lowered(gm: torch.fx.GraphModule) -> bool:
     """Whether :func:`lower_streams` has written every node's stream into ``gm``."""
-    return bool(gm.meta.get(_LOWERED_KEY))
+    return isinstance(gm.meta.get(_LOWERED_KEY), _Lowered)
 
 
 def lower_streams(gm: torch.fx.GraphModule, *, single_stream: bool = False) -> StreamAssignment:
@@ -371,9 +418,9 @@ def lower_streams(gm: torch.fx.GraphModule, *, single_stream: bool = False) -> S
     ``single_stream``) and its non-stream scope keys into ``node.meta[SCOPE_KEY]``, as the front
     ends say them now; return the analysis. The end of the passes: stages after it keep the key
     on every node they add (a node copied with its meta keeps it)."""
+    if is_lowered(gm):
+        return assign_streams(gm)
     walk = _walk(gm)
-    if walk.lowered:
-        return walk.result()
     labels = walk.stream_of
     for node in gm.graph.nodes:
         if node.op not in _CALLS:
@@ -384,8 +431,9 @@ def lower_streams(gm: torch.fx.GraphModule, *, single_stream: bool = False) -> S
         attrs = walk.scope_attrs.get(node.name)
         if attrs is not None:
             node.meta[SCOPE_KEY] = dict(attrs)
-    gm.meta[_LOWERED_KEY] = True
-    return walk.result()  # what reading the keys now gives
+    found = walk.result()
+    gm.meta[_LOWERED_KEY] = _Lowered(dict(found.priorities), found.notes)
+    return found  # what reading the keys now gives
 
 
 def settle_annotations(gm: torch.fx.GraphModule) -> int:
