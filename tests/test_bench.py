@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import pytest
 import torch
 from tests.conftest import slow
@@ -244,6 +247,36 @@ def test_bench_refuses_a_device_it_cannot_use(capsys: pytest.CaptureFixture[str]
         assert "no CUDA GPU is visible" in capsys.readouterr().err
     assert main(["bench", "moe", "--device", "tpu"]) == 2
     assert "choose cpu or cuda[:N]" in capsys.readouterr().err
+
+
+def test_each_benchmark_runs_with_its_own_defaults_and_the_help_says_them(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One table says what each benchmark defaults to: what it is called with and what the
+    help prints come from it (the help said tokens 8 where memory used 4096)."""
+    from airstream.cli import benches, main
+
+    seen: dict[str, dict[str, int]] = {}
+
+    def recording(name: str) -> Any:
+        def run(args: Any) -> tuple[dict[str, Any], str]:
+            seen[name] = {o: getattr(args, o) for o in benches.OPTIONS}
+            return {}, "ran"
+
+        return run
+
+    table = {n: dataclasses.replace(b, run=recording(n)) for n, b in benches.BENCHES.items()}
+    monkeypatch.setattr(benches, "BENCHES", table)
+    monkeypatch.setattr(benches, "_modes", recording("modes"))
+    assert main(["bench", "memory"]) == 0
+    assert seen["memory"] == {"rounds": 15, "calls": 3, "tokens": 4096, "hidden": 1024, "layers": 8}
+    assert main(["bench", "decode", "--tokens", "2"]) == 0
+    assert seen["decode"]["tokens"] == 2 and seen["decode"]["calls"] == 3
+    assert main(["bench", "moe", "--mode", "both"]) == 0
+    assert seen["modes"]["calls"] == 20
+    assert main(["bench", "mlp", "--mode", "both"]) == 2
+    assert "--mode applies to moe, branches-pointwise" in capsys.readouterr().err
+    assert benches.default_help("tokens") == "default 8; tp 64, memory 4096, decode 4"
 
 
 def test_the_never_slower_line_measures_each_config_against_the_best_backend() -> None:
