@@ -102,6 +102,28 @@ def test_modes_report_structure() -> None:
     assert "max-autotune" in format_modes(report)
 
 
+@slow(
+    "Inductor compiles the model, its chains and airstream's segments: 7 C++ builds",
+    "tests/test_kernel_gil.py::test_every_kernel_of_a_two_stream_graph_lets_go_of_the_gil",
+)
+def test_kernel_split_report_structure() -> None:
+    from airstream.bench.kernel_split import format_kernel_split, run_kernel_split
+
+    report = run_kernel_split(tokens=4, hidden=16, rounds=1, calls=1)  # results checked inside
+    threads = torch.get_num_threads()
+    assert list(report["ms"]) == [
+        "inductor, 1 thread",
+        "airstream 1 stream",
+        "airstream 2 streams",
+        "hand-written threads (Inductor parts)",
+        "hand-written threads (eager parts)",
+        *([f"inductor, {threads} threads"] if threads > 1 else []),
+    ]
+    assert report["kernel_gil"] == "release"
+    assert 1.0 <= report["streams_busy_at_once"] <= 2.0
+    assert "streams busy at once" in format_kernel_split(report)
+
+
 def test_modes_report_structure_without_inductor() -> None:
     from airstream.bench.modes import format_modes, run_modes
 
@@ -276,7 +298,9 @@ def test_each_benchmark_runs_with_its_own_defaults_and_the_help_says_them(
     assert seen["modes"]["calls"] == 20
     assert main(["bench", "mlp", "--mode", "both"]) == 2
     assert "--mode applies to moe, branches-pointwise" in capsys.readouterr().err
-    assert benches.default_help("tokens") == "default 8; tp 64, memory 4096, decode 4"
+    assert benches.default_help("tokens") == (
+        "default 8; kernel-split 256, tp 64, memory 4096, decode 4"
+    )
 
 
 def test_the_never_slower_line_measures_each_config_against_the_best_backend() -> None:

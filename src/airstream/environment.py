@@ -29,6 +29,7 @@ __all__ = [
     "AIRSTREAM_CACHE_DIR",
     "AIRSTREAM_COSTS",
     "AIRSTREAM_HANDOFF",
+    "AIRSTREAM_KERNEL_GIL",
     "AIRSTREAM_MODE",
     "OPENMP",
     "TORCHAIR_CACHE_HOME",
@@ -121,6 +122,17 @@ AIRSTREAM_HANDOFF: Variable[str] = Variable(
     ("airstream.runtime.handoff._choice",),
     _word("auto", "threads", "locks"),
 )
+AIRSTREAM_KERNEL_GIL: Variable[str] = Variable(
+    "AIRSTREAM_KERNEL_GIL",
+    "'release', 'hold'",
+    "release",
+    "whether the CPU kernels of airstream's Inductor segments let go of the GIL while they "
+    "run: release = as ATen's ops do, so kernels of different streams run at once; hold = as "
+    "Inductor binds them, one at a time (to measure what releasing gains, or to rule it out); "
+    "read as a graph's segments compile; a kernel loaded once in a process stays as it loaded",
+    ("airstream.schedule.fuse.compile_segments",),
+    _word("release", "hold"),
+)
 AIRSTREAM_COSTS: Variable[str] = Variable(
     "AIRSTREAM_COSTS",
     "'measured', 'nominal'",
@@ -178,6 +190,7 @@ VARIABLES: dict[str, Variable[Any]] = {
         AIRSTREAM_CACHE_DIR,
         XDG_CACHE_HOME,
         AIRSTREAM_HANDOFF,
+        AIRSTREAM_KERNEL_GIL,
         AIRSTREAM_COSTS,
         AIRSTREAM_MODE,
         TORCHAIR_CACHE_HOME,

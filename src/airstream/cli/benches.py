@@ -79,6 +79,13 @@ def _memory(a: argparse.Namespace) -> Report:
     return report, format_memory(report)
 
 
+def _kernel_split(a: argparse.Namespace) -> Report:
+    from airstream.bench.kernel_split import format_kernel_split, run_kernel_split
+
+    report = run_kernel_split(tokens=a.tokens, hidden=a.hidden, rounds=a.rounds, calls=a.calls)
+    return report, format_kernel_split(report)
+
+
 def _passes(a: argparse.Namespace) -> Report:
     from airstream.bench.suite import pass_timing
 
@@ -225,6 +232,11 @@ BENCHES: Mapping[str, Bench] = {
         {"calls": 20},
         on_device=True,
         modes={"calls": 20},
+    ),
+    "kernel-split": Bench(
+        "fused pointwise chains on 2 streams at 1 thread each: Inductor kernels side by side",
+        _kernel_split,
+        {"tokens": 256},
     ),
     "tp": Bench(
         "a tensor-parallel MLP on --nproc ranks, with overlap_communication",

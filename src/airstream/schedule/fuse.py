@@ -45,7 +45,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream import torch_internals
+from airstream import environment, torch_internals
 from airstream.effects import EFFECTS_KEY, effects, summarize
 from airstream.errors import PassError, TorchSupportError
 from airstream.fused import CompiledSegment, Segment
@@ -342,10 +342,11 @@ def _compile(
     threads: int,
     outputs: Sequence[SegmentOutput],
     members: Sequence[torch.fx.Node] = (),
+    release_gil: bool = True,
 ) -> tuple[Callable[[list[Any]], Any], tuple[str, ...], str]:
     """Inductor-compile one segment: (callable on a list of inputs, kernel names, cache). Its
     outputs come back in the strides recorded for them (what their readers were compiled for),
-    or it raises LayoutMismatch."""
+    or it raises LayoutMismatch. ``release_gil``: its CPU kernels let go of the GIL."""
     decomposed = _decompose(sub, fakes, fake_mode)
     wanted = _wanted_strides(sub)
     _restore_layouts(decomposed, wanted, fake_mode)
@@ -353,7 +354,12 @@ def _compile(
     torch_internals.pin_output_strides(output, wanted)  # torch 2.15 honors it for every layout
     hits = torch_internals.fxgraph_cache_hits()
     compiled = torch_internals.inductor_compile(
-        decomposed, fakes, fake_mode=fake_mode, graph_kind=graph_kind, threads=threads
+        decomposed,
+        fakes,
+        fake_mode=fake_mode,
+        graph_kind=graph_kind,
+        threads=threads,
+        release_gil=release_gil,
     )
     after = torch_internals.fxgraph_cache_hits()
     _check_layouts(sub, wanted, compiled.output_strides, outputs, members)
@@ -468,7 +474,12 @@ _Shared = dict[tuple[Any, ...], tuple[Callable[[list[Any]], Any], tuple[str, ...
 
 
 def _compile_one(
-    gm: torch.fx.GraphModule, segment: Segment, graph_kind: str, count: int, shared: _Shared
+    gm: torch.fx.GraphModule,
+    segment: Segment,
+    graph_kind: str,
+    count: int,
+    shared: _Shared,
+    release_gil: bool,
 ) -> tuple[Callable[[list[Any]], Any], tuple[str, ...], str, float, Any, Any]:
     """Compile ``segment`` of ``gm`` (or reuse an identical segment's compiled code from
     ``shared``): the compiled code, its kernels, where it came from, the seconds it took, the
@@ -485,7 +496,7 @@ def _compile_one(
     if fake_mode is None:
         raise RuntimeError("no fake tensor metadata on the segment's inputs")
     compiled, kernels, cache = _compile(
-        sub, fakes, fake_mode, graph_kind, count, outputs, segment.members
+        sub, fakes, fake_mode, graph_kind, count, outputs, segment.members, release_gil
     )
     shared[key] = (compiled, kernels)
     return compiled, kernels, cache, time.perf_counter() - start, inputs, outputs
@@ -505,13 +516,15 @@ def compile_segments(
     many as torch uses when the kernel runs).
     """
     torch_internals.require("max-autotune")  # a torch without them is an error, not a fallback
+    # Read once per graph, here: a bad value is the user's error, not a segment's fallback.
+    release_gil = environment.AIRSTREAM_KERNEL_GIL.read() == "release"
     results: list[CompiledSegment] = []
     shared: _Shared = {}
     for segment in segments:
         count = threads(segment)
         try:
             compiled, kernels, cache, seconds, inputs, outputs = _compile_one(
-                gm, segment, graph_kind, count, shared
+                gm, segment, graph_kind, count, shared, release_gil
             )
         except TorchSupportError:
             raise

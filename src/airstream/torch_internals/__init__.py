@@ -110,6 +110,12 @@ from airstream.torch_internals.inductor import (
     trace_forward,
     unbound_symbols,
 )
+from airstream.torch_internals.kernel_gil import (
+    GIL_GUARD,
+    bind_cpu_kernel,
+    cpu_kernel_sources,
+    kernels_without_gil,
+)
 from airstream.torch_internals.mkl import mkl_thread_setter
 from airstream.torch_internals.registry import (
     FEATURES,
@@ -233,6 +239,10 @@ __all__ = [
     "data_ptrs_equal",
     "foreach_copy",
     "mkl_thread_setter",
+    "GIL_GUARD",
+    "bind_cpu_kernel",
+    "cpu_kernel_sources",
+    "kernels_without_gil",
     "collective_op",
     "collective_op_name",
     "copy_trace_meta",

@@ -16,6 +16,7 @@ import torch.fx
 
 from airstream.torch_internals.caching import segment_cache_tag
 from airstream.torch_internals.core import OpOverload
+from airstream.torch_internals.kernel_gil import kernels_without_gil
 from airstream.torch_internals.registry import (
     _attr,
     _feature,
@@ -167,7 +168,9 @@ def binds_symbol(value: Any, symbol: Any) -> bool:
 
 
 @contextlib.contextmanager
-def _inductor_context(fake_mode: Any, threads: int, graph_cache: bool = True) -> Iterator[None]:
+def _inductor_context(
+    fake_mode: Any, threads: int, graph_cache: bool = True, release_gil: bool = True
+) -> Iterator[None]:
     _, config, context, tracing, functorch = _get("inductor_compile")
     # A segment is one step of airstream's plan: Inductor must not wrap it in a CUDA graph of its
     # own (torch.compile(mode="reduce-overhead") or a user's config turns that on globally).
@@ -185,7 +188,10 @@ def _inductor_context(fake_mode: Any, threads: int, graph_cache: bool = True) ->
     if hasattr(config, "enable_autograd_for_aot"):
         patches["enable_autograd_for_aot"] = False
     tag = torch.compiler.config.patch(cache_key_tag=segment_cache_tag())  # type: ignore[attr-defined]
-    with tracing(context(fake_mode)), config.patch(patches), bundling, tag:
+    # A segment's CPU kernels let go of the GIL while they run, as ATen's ops do; one that may
+    # run beside another stream's work (threads > 0) warns where this torch's binding is unknown.
+    released = kernels_without_gil(warn=threads > 0) if release_gil else contextlib.nullcontext()
+    with tracing(context(fake_mode)), config.patch(patches), bundling, tag, released:
         yield
 
 
@@ -207,16 +213,18 @@ def inductor_compile(
     fake_mode: Any,
     graph_kind: str,
     threads: int = 0,
+    release_gil: bool = True,
 ) -> InductorCompiled:
     """Compile a decomposed aten graph with Inductor, in a tracing context of ``fake_mode``;
-    ``threads`` > 0 fixes generated CPU kernels' intra-op threads."""
+    ``threads`` > 0 fixes generated CPU kernels' intra-op threads; ``release_gil``: its CPU
+    kernels let go of the GIL while they run (``kernel_gil.py``)."""
     compile_inner, _, context, _, _ = _get("inductor_compile")
     # The FX graph cache checks an entry's shape guards by the Dynamo sources of the graph's
     # symbolic inputs; a segment input like ``s0*s1`` (an int the model computed) is no source,
     # and the lookup fails with a KeyError on the source's name: compile such segments uncached.
     cacheable = not any(_compound_symint(v) for v in example_inputs)
     with (
-        _inductor_context(fake_mode, threads, graph_cache=cacheable),
+        _inductor_context(fake_mode, threads, graph_cache=cacheable, release_gil=release_gil),
         context.report_output_strides() as reported,
     ):
         compiled = compile_inner(

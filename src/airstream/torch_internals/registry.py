@@ -46,6 +46,8 @@ GROUPS: Mapping[str, str] = {
     "cpu-streams": "worker-thread side streams on CPU (their matrix multiplies' thread count)",
     # optional: without it a side stream carries the caller's grad and inference mode only
     "thread-state": "side streams under the caller's thread state (torch.profiler, modes, hooks)",
+    # optional: without it a segment's CPU kernels hold the GIL (streams' kernels take turns)
+    "kernels-without-gil": "Inductor CPU kernels of several streams running at once",
     # reporting only: a missing one warns once and the report says "unknown"; nothing fails
     "diagnostics": "reports (cache hits, the graph-break warning, `airstream doctor`)",
 }
@@ -327,8 +329,9 @@ def _bind(name: str) -> Any:
 _warned: set[str] = set()
 
 
-def _optional(name: str) -> Any | None:
-    """A diagnostics feature: its object, or None after one warning naming what is missing."""
+def _optional(name: str, until: str = "it reports 'unknown'") -> Any | None:
+    """An optional feature: its object, or None after one warning naming what is missing and,
+    in ``until``, what airstream does without it."""
     try:
         return _get(name)
     except TorchSupportError as exc:
@@ -336,5 +339,5 @@ def _optional(name: str) -> Any | None:
             first = name not in _warned
             _warned.add(name)
         if first:
-            warnings.warn(f"{exc} Until then it reports 'unknown'.", stacklevel=3)
+            warnings.warn(f"{exc} Until then {until}.", stacklevel=3)
         return None
