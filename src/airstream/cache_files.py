@@ -29,6 +29,7 @@ __all__ = [
     "default_root",
     "entry_files",
     "function_globals",
+    "wrapped_functions",
     "list_entries",
     "save_entry",
     "sha256",
@@ -68,6 +69,22 @@ def function_globals(fn: Callable[..., Any]) -> dict[str, Any]:
     return dict(getattr(func, "__globals__", {}))
 
 
+def wrapped_functions(fn: Callable[..., Any]) -> dict[str, Any]:
+    """The functions a decorated ``fn`` wraps, outermost first, as ``functools.wraps`` records
+    them (``__wrapped__``), by a name of their place in that chain. A saved compile refers to
+    them (the wrapper's closure holds the function it calls), and pickle cannot save them by
+    name: their qualified name finds the wrapper (transformers' ``LlamaForCausalLM.forward``
+    under ``can_return_tuple``). They are saved as references to what the same chain of the
+    function holds in the process that loads the entry."""
+    func = fn.__func__ if isinstance(fn, types.MethodType) else fn
+    found: dict[str, Any] = {}
+    inner = getattr(func, "__wrapped__", None)
+    while callable(inner) and not any(inner is seen for seen in found.values()):
+        found[f"airstream.wrapped.{len(found)}"] = inner
+        inner = getattr(inner, "__wrapped__", None)
+    return found
+
+
 def _modules_read(compiled: Any, fn: Callable[..., Any]) -> dict[str, str]:
     """The globals the bytecode reads that hold modules (Dynamo names some by object id, so a
     new process must be given them): name -> module name."""
@@ -92,7 +109,8 @@ def save_entry(compiled: Any, path: Path, key: Mapping[str, Any], fn: Callable[.
     # The record goes first and names the binary's digest: a reader that finds a binary whose
     # digest is not its record's (a write cut short, two writers) compiles instead of loading.
     record_file.unlink(missing_ok=True)
-    _atomic(binary, lambda tmp: torch_internals.save_compiled(compiled, tmp))
+    external = wrapped_functions(fn)
+    _atomic(binary, lambda tmp: torch_internals.save_compiled(compiled, tmp, external))
     record["sha256"] = sha256(binary)
     _atomic(record_file, lambda tmp: Path(tmp).write_text(json.dumps(record, indent=1)))
 

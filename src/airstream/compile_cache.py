@@ -41,6 +41,7 @@ from airstream.cache_files import (
     save_entry,
     sha256,
     unsafe,
+    wrapped_functions,
 )
 from airstream.cache_key import cache_key, digest
 from airstream.config import CompilerConfig
@@ -216,7 +217,7 @@ class CachedFunction:
             modules = {n: importlib.import_module(m) for n, m in record["modules"].items()}
             with binary.open("rb") as f:
                 compiled = torch_internals.load_compiled(
-                    f, {**function_globals(self.fn), **modules}
+                    f, {**function_globals(self.fn), **modules}, wrapped_functions(self.fn)
                 )
         except Exception as exc:
             _warn(

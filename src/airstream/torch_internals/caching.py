@@ -8,6 +8,7 @@ from __future__ import annotations
 import dis
 import functools
 import importlib
+import re
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, BinaryIO
@@ -149,7 +150,7 @@ def aot_compile(
             fullgraph=True,
             dynamic=dynamic,
             backend=saving,
-            options={"guard_filter_fn": _guards},
+            options={"guard_filter_fn": functools.partial(_guards, closure=_closure_names(fn))},
         )
     # AOTAutograd looks the graph up in its own cache, whose key knows nothing of airstream's
     # options and passes: the entry's key goes into the tag every torch cache key holds, so
@@ -157,7 +158,15 @@ def aot_compile(
     # for Inductor's segment compiles, which a load repeats outside this).
     tag = f"{torch.compiler.config.cache_key_tag}{_TAG_SEPARATOR}{key}"
     with torch.compiler.config.patch(cache_key_tag=tag):  # type: ignore[attr-defined]
-        return compiled.aot_compile((tuple(args), dict(kwargs)))  # type: ignore[attr-defined]
+        try:
+            return compiled.aot_compile((tuple(args), dict(kwargs)))  # type: ignore[attr-defined]
+        except RuntimeError as exc:
+            # torch 2.11 looks each global name the saved bytecode reads up in the traced
+            # function's module only, so a builtin it reads (transformers' decorated forwards
+            # read `type`) fails the compile: what cannot be saved, as PackageError says.
+            if not str(exc).startswith("Missing required external references"):
+                raise
+            raise package_error()(f"{exc} (torch {torch.__version__})") from exc
 
 
 _TAG_SEPARATOR = "|airstream-entry:"
@@ -173,17 +182,39 @@ _VALUE_GUARDS = ("CONSTANT_MATCH", "EQUALS_MATCH")
 _PLAIN_VALUES = (bool, int, float, str, type(None))
 
 
-def _guards(entries: Sequence[Any]) -> list[bool]:
+def _closure_names(fn: Callable[..., Any]) -> frozenset[str]:
+    """The free variables of the function Dynamo traces for ``fn`` (a decorator's wrapper
+    holds the function it wraps in one)."""
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    return frozenset(code.co_freevars) if code is not None else frozenset()
+
+
+_LOCAL_ROOT = re.compile(r"(?:L\[')?(\w+)")  # a local's guard: "x.attr" (or "L['x'].attr")
+# A function's cells and default values: what its source made (the entry records the sources
+# it traced), and nothing a loaded function's guards can read through its stand-in inputs.
+_FUNCTION_STATE = (".__closure__", ".__defaults__", ".__kwdefaults__")
+
+
+def _guards(entries: Sequence[Any], closure: frozenset[str] = frozenset()) -> list[bool]:
     """The guards a saved function keeps: torch's portable ones (tensor metadata, global
     state, dynamic shapes) and those on plain values (a flag, a count: the trace took one
     branch for them), in the inputs, module attributes or globals; not those on an object's
-    identity or type, which name objects of the process that compiled."""
+    identity or type, which name objects of the process that compiled, nor those on the traced
+    function's ``closure`` or on any function's cells and defaults (a loaded function's guards
+    cannot read them, and they belong to the code the entry was made for, as its sources do:
+    a decorator's wrapper holds the method it wraps in a cell)."""
     portable = torch.compiler.keep_portable_guards_unsafe(entries)
-    return [
-        keep
-        or (e.guard_type in _VALUE_GUARDS and isinstance(e.value, _PLAIN_VALUES))
-        for keep, e in zip(portable, entries, strict=True)
-    ]
+    kept = []
+    for keep, e in zip(portable, entries, strict=True):
+        name = str(e.name)
+        root = _LOCAL_ROOT.match(name)
+        if (not e.is_global and root is not None and root.group(1) in closure) or any(
+            part in name for part in _FUNCTION_STATE
+        ):
+            kept.append(False)
+            continue
+        kept.append(keep or (e.guard_type in _VALUE_GUARDS and isinstance(e.value, _PLAIN_VALUES)))
+    return kept
 
 
 def package_error() -> type[Exception]:
@@ -210,15 +241,23 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def save_compiled(compiled: Any, path: str) -> None:
-    """Write an ahead-of-time compiled function to ``path``."""
-    compiled.save_compiled_function(path)
+def save_compiled(compiled: Any, path: str, external: Mapping[str, Any] | None = None) -> None:
+    """Write an ahead-of-time compiled function to ``path``; the objects of ``external`` are
+    saved as their names, for :func:`load_compiled` to be given again."""
+    compiled.save_compiled_function(path, external_data=dict(external or {}))
 
 
-def load_compiled(file: BinaryIO, f_globals: Mapping[str, Any]) -> Any:
-    """A function saved by :func:`save_compiled`, its bytecode bound to ``f_globals``."""
+def load_compiled(
+    file: BinaryIO, f_globals: Mapping[str, Any], external: Mapping[str, Any] | None = None
+) -> Any:
+    """A function saved by :func:`save_compiled`, its bytecode bound to ``f_globals`` and the
+    names saved in place of objects bound to ``external``'s."""
     _get("aot_compile")
-    return torch.compiler.load_compiled_function(file, f_globals=dict(f_globals))  # type: ignore[arg-type]
+    return torch.compiler.load_compiled_function(
+        file,  # type: ignore[arg-type]
+        f_globals=dict(f_globals),
+        external_data=dict(external or {}),
+    )
 
 
 def guards_pass(compiled: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
