@@ -15,8 +15,9 @@ assertion) takes the GIL back before the binding turns it into a Python error.
 The binding's text is formatted when a kernel is loaded (after Inductor compiled it, or on an FX
 graph cache hit, both inside ``compile_fx_inner``), and its text is part of the key of the
 compiled library, so patching the two class attributes for the duration of airstream's compile
-reaches airstream's kernels and no others. A kernel module that plain ``torch.compile`` already
-loaded in this process for identical code is reused as it is, with the GIL held.
+reaches airstream's kernels, not those plain ``torch.compile`` loads before or after (one that
+another thread loads during it lets go of the GIL too, which changes nothing it computes). A
+kernel module this process already loaded for identical code is reused as it loaded.
 """
 
 from __future__ import annotations
