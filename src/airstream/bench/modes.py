@@ -8,8 +8,8 @@ code is not edited), 1 intra-op thread per stream; 1-stream airstream runs with 
 intra-op threads, like Inductor and eager.
 
 ``hand-written threads (Inductor parts)`` is the ceiling of a 2-way split on this machine: each
-branch or expert compiled alone by Inductor, odd ones on a persistent Python thread, no compiler
-runtime in between.
+branch or expert compiled alone by Inductor, its kernels bound as airstream's are
+(``AIRSTREAM_KERNEL_GIL``), odd ones on a persistent Python thread, no compiler runtime in between.
 
 Compile time is the first call of a freshly compiled model in a fresh process (Dynamo, AOT,
 passes, Inductor and the first run), with an empty Inductor cache directory (cold) and then again
@@ -18,6 +18,7 @@ in a second process with the same directory (warm).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -31,6 +32,7 @@ from typing import Any
 
 import torch
 
+from airstream import environment, torch_internals
 from airstream.backend import get_backend
 from airstream.bench.moe import MoE, split_experts
 from airstream.bench.timing import checked_medians, run_conditions, synchronized, with_threads
@@ -109,11 +111,19 @@ def _model(
 
 class _HandSplit:
     """The ceiling of a 2-way split without a compiler's runtime: every part compiled alone by
-    Inductor for 1 thread; odd parts on a persistent Python thread, even ones on the caller
-    (1 intra-op thread each), then the sum."""
+    Inductor for 1 thread, its kernels bound as airstream's are; odd parts on a persistent Python
+    thread, even ones on the caller (1 intra-op thread each), then the sum."""
 
     def __init__(self, parts: list[torch.nn.Module], x: torch.Tensor) -> None:
         self.parts = [torch.compile(p, options={"cpp.threads": 1}) for p in parts]
+        # compiled (at the first call) with their kernels letting go of the GIL as airstream's
+        # segments' do (AIRSTREAM_KERNEL_GIL): with Inductor's binding the two threads' kernels
+        # take turns
+        released = environment.AIRSTREAM_KERNEL_GIL.read() == "release"
+        binding = torch_internals.kernels_without_gil() if released else contextlib.nullcontext()
+        with binding, torch.no_grad():
+            for part in self.parts:
+                part(x)
         self.x = x
         self.go = threading.Semaphore(0)
         self.done = threading.Semaphore(0)
