@@ -22,6 +22,7 @@ from airstream.options import (
     boolean,
     choice,
     directory,
+    gain,
     pass_slot,
     positive_int,
 )
@@ -162,6 +163,22 @@ class StreamConfig(OptionGroup):
             "run CPU side streams on the calling thread's own OpenMP team (one thread per stream, "
             "no handoff to a sleeping thread) where torch runs on GNU OpenMP and "
             "threads_per_stream is 1; False: a worker thread per side stream",
+        ),
+        "measure_placement": Option(
+            False,
+            boolean,
+            "keep the streams the passes placed only where they measure faster than one stream: "
+            "a CPU inference graph on several streams is compiled on one stream too, the two "
+            "run in turn over its first calls and the slower one is dropped",
+        ),
+        "measure_calls": Option(
+            8, positive_int, "measure_placement: timed calls of each candidate before deciding"
+        ),
+        "measure_min_gain": Option(
+            0.03,
+            gain,
+            "measure_placement: how much faster than one stream the placement must be to stay "
+            "(0.03: its median call 1.03x faster)",
         ),
     }
 

@@ -18,6 +18,7 @@ __all__ = [
     "GRAPH_KINDS",
     "GRAPH_KIND_KEY",
     "MADE_AFTER_KEY",
+    "MEASUREMENT_KEY",
     "INSERTED_BY_KEY",
     "SEGMENT_KEY",
     "graph_kind",
@@ -34,6 +35,7 @@ INSERTED_BY_KEY = "air_inserted_by"  # node.meta key: the pass that added the no
 # node.meta key of a view made after a max-autotune segment from what it returns (its name)
 MADE_AFTER_KEY = "air_made_after"
 GRAPH_KIND_KEY = "air_graph_kind"  # gm.meta key: which graph of a compile this is
+MEASUREMENT_KEY = "air_measurement"  # gm.meta key: what measure_placement measured (Measurement)
 GRAPH_KINDS = ("inference", "forward", "backward")
 
 

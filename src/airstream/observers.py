@@ -27,8 +27,10 @@ import torch.fx
 
 from airstream.errors import AirstreamError
 from airstream.fused import CompiledSegment
+from airstream.nodes import MEASUREMENT_KEY
 from airstream.passes.manager import PassObserver, PassResult, PassSpec
 from airstream.runtime.codegen import Executor
+from airstream.runtime.measured import Measurement
 from airstream.schedule.plan import StreamPlan
 from airstream.streams import StreamAssignment
 from airstream.torch_internals import stream_annotations
@@ -50,6 +52,13 @@ class CompiledGraph:
     executor: Executor
     segments: tuple[CompiledSegment, ...] = ()
     mode: str = "reduce-overhead"
+
+    @property
+    def measurement(self) -> Measurement | None:
+        """With ``stream_config.measure_placement``: what the graph's first calls measured,
+        one stream against the placement, and which one it kept (None: not measured)."""
+        found = self.graph_module.meta.get(MEASUREMENT_KEY)
+        return found if isinstance(found, Measurement) else None
 
     @property
     def fallbacks(self) -> int:

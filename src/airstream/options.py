@@ -81,6 +81,13 @@ def positive_int(path: str, value: Any) -> int:
     return value
 
 
+def gain(path: str, value: Any) -> float:
+    """Accept a number from 0 to 1 (a share by which one time beats another)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise Invalid("a number from 0 to 1 (0.05: 5% faster)")
+    return float(value)
+
+
 def directory(path: str, value: Any) -> str:
     """Accept a non-empty str or path-like, stored as str."""
     if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):

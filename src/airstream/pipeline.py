@@ -28,16 +28,18 @@ from airstream import torch_internals
 from airstream.cached_graph import cached_graph
 from airstream.config import CompilerConfig
 from airstream.debug.dump import dump_observer
+from airstream.devices import graph_device
 from airstream.finish import finish_graph
-from airstream.nodes import GRAPH_KIND_KEY, GRAPH_KINDS, graph_kind
+from airstream.nodes import GRAPH_KIND_KEY, GRAPH_KINDS, MEASUREMENT_KEY, graph_kind
 from airstream.observers import CompileObserver
 from airstream.ops.torch_streams import TorchStreams
 from airstream.passes.manager import PassManager
 from airstream.passes.tagged_events import lower_tagged_events
 from airstream.runtime.capture_pool import CapturePool
 from airstream.runtime.codegen import Executor
+from airstream.runtime.measured import MeasuredExecutor, Measurement
 from airstream.schedule.torch_streams import lower_torch_streams, torch_streams_for
-from airstream.streams import lower_streams
+from airstream.streams import lower_streams, on_one_stream, uses_streams
 
 __all__ = ["GraphCompiler", "settle_streams"]
 
@@ -93,10 +95,35 @@ class GraphCompiler:
 
         results = PassManager(config, observer).run(gm, example_inputs, kind, settle)
         saved = torch_internals.dump_graph(gm) if torch_internals.bundling_compile() else None
+        one_stream = on_one_stream(gm) if _measures(gm, config, kind, saved) else None
         executor = finish_graph(
             gm, config, kind, observer, tuple(results), capture_pool=self.capture_pool
         )
         if saved is not None:  # an ahead-of-time compile (airstream.cache_compile) saves it
             static = torch_internals.static_input_indices() if kind != "backward" else None
             return cached_graph(saved, config, kind, executor, static)
+        if one_stream is not None:  # measured against one stream over the first calls
+            alone = finish_graph(one_stream, config, kind, CompileObserver(), tuple(results))
+            options = config.stream_config
+            measurement = Measurement(options.measure_calls, options.measure_min_gain)
+            gm.meta[MEASUREMENT_KEY] = measurement
+            return MeasuredExecutor(alone, executor, measurement)
         return executor
+
+
+def _measures(
+    gm: torch.fx.GraphModule, config: CompilerConfig, kind: str, saved: bytes | None
+) -> bool:
+    """Whether ``stream_config.measure_placement`` measures this graph: a CPU inference graph
+    the passes put on several streams, run by streams (no debug executor, not saved ahead of
+    time: an entry on disk holds one executor)."""
+    debug = config.debug
+    return (
+        config.stream_config.measure_placement
+        and kind == "inference"
+        and saved is None
+        and not debug.run_eagerly
+        and debug.data_dump.type is None
+        and graph_device(gm).type == "cpu"
+        and uses_streams(gm)
+    )

@@ -29,6 +29,7 @@ nothing is kept between calls.
 
 from __future__ import annotations
 
+import copy
 import functools
 import operator
 from collections.abc import Mapping
@@ -434,6 +435,37 @@ def lower_streams(gm: torch.fx.GraphModule, *, single_stream: bool = False) -> S
     found = walk.result()
     gm.meta[_LOWERED_KEY] = _Lowered(dict(found.priorities), found.notes)
     return found  # what reading the keys now gives
+
+
+def uses_streams(gm: torch.fx.GraphModule) -> bool:
+    """Whether a lowered graph runs any call off the main stream."""
+    return any(node.meta.get(STREAM_KEY) is not None for node in gm.graph.nodes)
+
+
+_STREAM_STEPS = (scope_enter, scope_exit, record, wait, wait_tensor)
+
+
+def on_one_stream(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of a lowered graph with every call on the main stream, sharing its parameters and
+    node values: the same program as one stream runs it, without the scope markers, records and
+    waits (``wait_tensor(x, dep)`` is ``x``), which would order nothing there and cut its
+    max-autotune segments short."""
+    one = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # node meta copied, values shared
+    one.meta.update(gm.meta)
+    graph = one.graph
+    for node in reversed(graph.nodes):  # users before what they use
+        op = node.target if node.target in _STREAM_STEPS else air_op_for(node.target)
+        if node.op == "call_function" and op in _STREAM_STEPS:
+            if op is wait_tensor:
+                node.replace_all_uses_with(node.args[0])
+            if not node.users:
+                graph.erase_node(node)
+                continue
+        if STREAM_KEY in node.meta:
+            node.meta[STREAM_KEY] = None
+    graph.lint()
+    one.recompile()
+    return one
 
 
 def settle_annotations(gm: torch.fx.GraphModule) -> int:

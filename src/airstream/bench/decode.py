@@ -114,10 +114,11 @@ def _backends(shared: str | None, inductor: bool, device: str) -> dict[str, Any]
     from airstream.mode import MODES, resolve_mode
     from airstream.torch_internals import compile_fx
 
-    def config(mode: str = "default", graph_pass: Any = None) -> Any:
+    def config(mode: str = "default", graph_pass: Any = None, measure: bool = False) -> Any:
         out = airstream.CompilerConfig()
         out.mode = mode
         out.post_grad_custom_pre_pass = graph_pass
+        out.stream_config.measure_placement = measure
         return airstream.get_backend(compiler_config=out)
 
     default = resolve_mode(airstream.CompilerConfig(), torch.device(device).type)
@@ -128,9 +129,27 @@ def _backends(shared: str | None, inductor: bool, device: str) -> dict[str, Any]
     runners["airstream"] = config()
     runners[f"airstream {other}"] = config(other)
     runners["auto_streams"] = config(graph_pass=passes.auto_streams())
+    if not device.startswith("cuda"):  # measure_placement measures CPU graphs
+        runners[MEASURED] = config(graph_pass=passes.auto_streams(), measure=True)
     if shared is not None:
         runners["shared_expert"] = config(graph_pass=passes.shared_expert_overlap(shared=shared))
     return runners
+
+
+MEASURED = "auto_streams measured"  # auto_streams with stream_config.measure_placement
+
+
+def _measured(backend: Any, step: Callable[[], torch.Tensor] | None) -> str:
+    """Run the measured runner's first calls until each graph has decided (what a serving
+    process does before its steady state, which the timing then sees); its decisions."""
+    if backend is None or step is None:
+        return ""
+    for _ in range(64):
+        pending = [g.measurement for g in backend.graphs if g.measurement is not None]
+        if all(m.chosen is not None for m in pending):
+            return "; ".join(m.describe() for m in pending) or "nothing to measure"
+        step()
+    raise RuntimeError("measure_placement did not decide within 64 calls")
 
 
 def _plain_backend() -> Any:
@@ -231,6 +250,7 @@ def run_decode(
         want = steps["eager"]()
         for runner, step in steps.items():
             torch.testing.assert_close(step(), want, rtol=1e-3, atol=1e-3, msg=runner)
+        measured = _measured(backends.get(MEASURED), steps.get(MEASURED))
         medians = interleaved_medians(steps, rounds=rounds, calls_per_round=calls, warmup=2)
         report["models"][name] = {
             runner: {
@@ -246,6 +266,8 @@ def run_decode(
             configs=[r for r in steps if r not in ("eager", "inductor")],
             baselines=("eager", "inductor"),
         )
+        if measured:
+            report["models"][name][MEASURED]["measured"] = measured
         decision = next((d for d in decisions if d is not None), None)
         if decision is not None:
             report["models"][name]["auto_streams"]["decision"] = str(decision)
@@ -280,6 +302,8 @@ def format_decode(report: dict[str, Any]) -> str:
                 f"    alt_stream (torch.Stream in the model's code, no pass) {measured:.2f}x "
                 "over one stream"
             )
+        if "measured" in runners.get(MEASURED, {}):
+            lines.append(f"    {MEASURED}: {runners[MEASURED]['measured']}")
         auto = runners.get("auto_streams", {})
         if "decision" in auto:
             measured = runners["airstream"]["step_ms"] / auto["step_ms"]

@@ -1,0 +1,211 @@
+"""``stream_config.measure_placement``: the streams the passes placed are kept only where a
+graph's first calls measure them faster than the same graph on one stream
+(``runtime/measured.py``). The decision rule is tested on a clock the test controls; compiled
+graphs are tested for what runs, what is recorded and their results, never for which candidate
+a real clock picked."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from tests.conftest import assert_same, cause_of, compile_model, graph_of
+
+import airstream
+from airstream import passes
+from airstream.errors import ConfigError
+from airstream.runtime.measured import (
+    ONE_STREAM,
+    PLACED,
+    MeasuredExecutor,
+    Measurement,
+    decide,
+)
+from airstream.streams import STREAM_KEY
+
+
+class _Fake:
+    """A candidate executor: records its calls, empties its argument list as executors do."""
+
+    _boxed_call = True
+    code = ""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log = name, log
+
+    def __call__(self, args: list[Any]) -> str:
+        self.log.append(self.name)
+        args.clear()
+        return self.name
+
+
+def _clock(durations: dict[str, Iterator[float]], log: list[str]) -> Any:
+    """A clock on which each call of a candidate lasts its next duration."""
+    now = [0.0]
+    started = [False]
+
+    def clock() -> float:
+        if started[0]:  # the end of a call: advance by the duration of the one that ran
+            now[0] += next(durations[log[-1]])
+        started[0] = not started[0]
+        return now[0]
+
+    return clock
+
+
+def _run(one: list[float], placed: list[float], calls: int = 4, gain: float = 0.05) -> Any:
+    log: list[str] = []
+    durations = {ONE_STREAM: iter(one), PLACED: iter(placed)}
+    measured = MeasuredExecutor(
+        _Fake(ONE_STREAM, log),
+        _Fake(PLACED, log),
+        Measurement(calls, gain),
+        clock=_clock(durations, log),
+    )
+    results = [measured([1, 2]) for _ in range(2 * (calls + 1))]
+    return measured, log, results
+
+
+def test_the_placement_is_kept_where_it_wins_by_the_gain_in_most_pairs() -> None:
+    # first call of each is not counted (100 ms); then one stream 10 ms, the placement 8 ms
+    measured, log, results = _run([100, 10, 10, 10, 10], [100, 8, 8, 8, 8])
+    assert log == [ONE_STREAM, PLACED] * 5  # in turn, one stream first
+    assert results == log  # every call returned its own candidate's result
+    m = measured.measurement
+    assert m.seconds == {ONE_STREAM: [10] * 4, PLACED: [8] * 4}
+    assert m.chosen == PLACED and "1.25x of one stream, faster in 4 of 4 pairs" in m.reason
+    assert measured([0]) == PLACED and list(measured.candidates) == [PLACED]
+
+
+def test_one_stream_stays_where_the_placement_gains_less_than_min_gain() -> None:
+    measured, _, _ = _run([100, 10, 10, 10, 10], [100, 9.8, 9.8, 9.8, 9.8])
+    m = measured.measurement
+    assert m.chosen == ONE_STREAM
+    assert "1.02x of one stream" in m.reason and "needs 1.05x" in m.reason
+    assert measured([0]) == ONE_STREAM and list(measured.candidates) == [ONE_STREAM]
+
+
+def test_a_spike_on_one_side_does_not_decide() -> None:
+    # the placement is slower in three pairs of four; one spike of one stream's (a busy moment)
+    # raises its mean a lot and its median little: one stream stays
+    measured, _, _ = _run([100, 10, 10, 10, 200], [100, 11, 11, 11, 1])
+    assert measured.measurement.chosen == ONE_STREAM
+    assert "faster in 1 of 4 pairs" in measured.measurement.reason
+
+
+def test_the_rule_needs_both_the_gain_and_the_pairs() -> None:
+    m = Measurement(4, 0.05, {ONE_STREAM: [10, 10, 30, 30], PLACED: [12, 12, 8, 8]})
+    # medians 20 vs 10: 2x, but the placement won only 2 of 4 pairs
+    assert decide(m)[0] == ONE_STREAM
+    m = Measurement(3, 0.05, {ONE_STREAM: [10, 10, 10], PLACED: [9, 9, 11]})
+    assert decide(m)[0] == PLACED  # 1.11x, 2 of 3 pairs
+
+
+class TwoBranches(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.left = torch.nn.Linear(16, 16)
+        self.right = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.left(x)) + torch.sin(self.right(x))
+
+
+def right_on_side(gm: torch.fx.GraphModule, example_inputs: Any, config: Any) -> None:
+    passes.place_on_stream(gm, passes.select_nodes(gm, module="right"), "side")
+
+
+def _config(calls: int = 2) -> airstream.CompilerConfig:
+    config = airstream.CompilerConfig()
+    config.post_grad_custom_pre_pass = right_on_side
+    config.stream_config.measure_placement = True
+    config.stream_config.measure_calls = calls
+    return config
+
+
+def _measures_and_decides(compiled: Any, model: torch.nn.Module, backend: Any) -> Measurement:
+    with torch.no_grad():
+        for step in range(2 * (2 + 1) + 2):  # both candidates' first calls, 2 timed each, then
+            x = torch.randn(4, 16, generator=torch.Generator().manual_seed(step))
+            assert_same(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    graph = graph_of(backend, "inference")
+    m = graph.measurement
+    assert m is not None and m.chosen in (ONE_STREAM, PLACED)
+    assert {k: len(v) for k, v in m.seconds.items()} == {ONE_STREAM: 2, PLACED: 2}
+    assert m.describe().startswith(f"kept {m.chosen}: ")
+    # the graph recorded is the placement's: the side stream is there to be measured
+    assert any(n.meta.get(STREAM_KEY) == "side" for n in graph.graph_module.graph.nodes)
+    assert len(backend.graphs) == 1  # the one-stream candidate is no graph of its own
+    return m
+
+
+def test_a_placed_graph_runs_both_candidates_in_turn_then_keeps_one() -> None:
+    model = TwoBranches().eval()
+    compiled, backend = compile_model(model, _config())
+    _measures_and_decides(compiled, model, backend)
+
+
+@pytest.mark.usefixtures("default_mode")
+def test_in_the_default_mode_the_one_stream_candidate_has_segments_of_its_own() -> None:
+    model = TwoBranches().eval()
+    compiled, backend = compile_model(model, _config())
+    _measures_and_decides(compiled, model, backend)
+    graph = graph_of(backend, "inference")
+    assert {s.segment.stream for s in graph.segments if s.node is not None} >= {None, "side"}
+
+
+def test_what_is_not_measured_runs_as_placed() -> None:
+    model = TwoBranches()
+    # training: forward and backward graphs run as placed
+    compiled, backend = compile_model(model, _config())
+    x = torch.randn(4, 16, requires_grad=True)
+    compiled(x).sum().backward()
+    assert all(g.measurement is None for g in backend.graphs)
+    # one stream already: nothing to measure
+    config = _config()
+    config.post_grad_custom_pre_pass = None
+    compiled, backend = compile_model(model.eval(), config)
+    with torch.no_grad():
+        compiled(torch.randn(4, 16))
+    assert graph_of(backend, "inference").measurement is None
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "allowed"),
+    [("measure_min_gain", 2, "a number from 0 to 1"), ("measure_calls", 0, "an int >= 1")],
+)
+def test_a_bad_measure_option_is_named(option: str, value: Any, allowed: str) -> None:
+    config = airstream.CompilerConfig()
+    with pytest.raises(ConfigError) as raised:
+        setattr(config.stream_config, option, value)
+    error = cause_of(raised.value, ConfigError)
+    assert error is not None
+    assert f"stream_config.{option}" in str(error) and allowed in str(error)
+
+
+def test_calls_from_several_threads_each_count_once() -> None:
+    import threading
+
+    log: list[str] = []
+    measured = MeasuredExecutor(
+        _Fake(ONE_STREAM, log),
+        _Fake(PLACED, log),
+        Measurement(3, 0.0),
+        clock=itertools.count().__next__,
+    )
+    threads = [
+        threading.Thread(target=lambda: [measured([0]) for _ in range(10)]) for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(log) == 40
+    m = measured.measurement
+    assert m.chosen is not None and {k: len(v) for k, v in m.seconds.items()} == {
+        ONE_STREAM: 3,
+        PLACED: 3,
+    }
