@@ -72,7 +72,7 @@ def _run(one: list[float], placed: list[float], calls: int = 4, gain: float = 0.
 def test_the_placement_is_kept_where_it_wins_by_the_gain_in_most_pairs() -> None:
     # first call of each is not counted (100 ms); then one stream 10 ms, the placement 8 ms
     measured, log, results = _run([100, 10, 10, 10, 10], [100, 8, 8, 8, 8])
-    assert log == [ONE_STREAM, PLACED] * 5  # in turn, one stream first
+    assert log == [PLACED, ONE_STREAM] * 5  # in turn, the placement first
     assert results == log  # every call returned its own candidate's result
     m = measured.measurement
     assert m.seconds == {ONE_STREAM: [10] * 4, PLACED: [8] * 4}
@@ -173,9 +173,37 @@ def test_what_is_not_measured_runs_as_placed() -> None:
     assert graph_of(backend, "inference").measurement is None
 
 
+def test_by_default_auto_streams_placements_are_measured_and_a_hand_pass_is_not() -> None:
+    model = TwoBranches().eval()
+    config = airstream.CompilerConfig()
+    assert config.stream_config.measure_placement == "auto"
+    config.post_grad_custom_pre_pass = passes.auto_streams(min_gain=0, costs="nominal")
+    compiled, backend = compile_model(model, config)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(4, 16)
+            assert_same(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    graph = graph_of(backend, "inference")
+    assert graph.graph_module.meta["airstream_auto_streams"].applied
+    assert graph.measurement is not None  # measuring: 3 calls are not enough to decide
+    assert graph.measurement.chosen is None and "measuring" in graph.measurement.describe()
+    for setting, pass_ in ((False, config.post_grad_custom_pre_pass), ("auto", right_on_side)):
+        other = airstream.CompilerConfig()
+        other.post_grad_custom_pre_pass = pass_
+        other.stream_config.measure_placement = setting
+        compiled, backend = compile_model(model, other)
+        with torch.no_grad():
+            compiled(torch.randn(4, 16))
+        assert graph_of(backend, "inference").measurement is None, setting
+
+
 @pytest.mark.parametrize(
     ("option", "value", "allowed"),
-    [("measure_min_gain", 2, "a number from 0 to 1"), ("measure_calls", 0, "an int >= 1")],
+    [
+        ("measure_min_gain", 2, "a number from 0 to 1"),
+        ("measure_calls", 0, "an int >= 1"),
+        ("measure_placement", "yes", "'auto', True, False"),
+    ],
 )
 def test_a_bad_measure_option_is_named(option: str, value: Any, allowed: str) -> None:
     config = airstream.CompilerConfig()

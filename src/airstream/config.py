@@ -165,11 +165,12 @@ class StreamConfig(OptionGroup):
             "threads_per_stream is 1; False: a worker thread per side stream",
         ),
         "measure_placement": Option(
-            False,
-            boolean,
+            "auto",
+            choice("auto", True, False),
             "keep the streams the passes placed only where they measure faster than one stream: "
             "a CPU inference graph on several streams is compiled on one stream too, the two "
-            "run in turn over its first calls and the slower one is dropped",
+            "run in turn over its first calls and the slower one is dropped; 'auto': where "
+            "auto_streams placed them, True: any placement, False: none",
         ),
         "measure_calls": Option(
             8, positive_int, "measure_placement: timed calls of each candidate before deciding"

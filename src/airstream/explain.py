@@ -20,6 +20,7 @@ from airstream import torch_internals
 from airstream.backend import AirstreamBackend, CompiledGraph
 from airstream.config import CompilerConfig
 from airstream.debug.report import format_segments, format_streams
+from airstream.nodes import AUTO_STREAMS_KEY
 from airstream.observers import CompileObserver
 from airstream.passes.manager import PassSpec
 from airstream.streams import StreamAssignment, assign_streams
@@ -65,7 +66,7 @@ class ExplainReport:
                 if graph.compiled.segments or graph.mode == "max-autotune":
                     out.write(f"\n== graph {i} ({graph.kind}) max-autotune segments ==\n")
                     out.write(format_segments(graph.compiled.segments) + "\n")
-                decision = graph.compiled.graph_module.meta.get("airstream_auto_streams")
+                decision = graph.compiled.graph_module.meta.get(AUTO_STREAMS_KEY)
                 if decision is not None:
                     out.write(f"{decision}\n")
         out.write("\n== warnings ==\n")

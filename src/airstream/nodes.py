@@ -19,6 +19,7 @@ __all__ = [
     "GRAPH_KIND_KEY",
     "MADE_AFTER_KEY",
     "MEASUREMENT_KEY",
+    "AUTO_STREAMS_KEY",
     "INSERTED_BY_KEY",
     "SEGMENT_KEY",
     "graph_kind",
@@ -36,6 +37,7 @@ INSERTED_BY_KEY = "air_inserted_by"  # node.meta key: the pass that added the no
 MADE_AFTER_KEY = "air_made_after"
 GRAPH_KIND_KEY = "air_graph_kind"  # gm.meta key: which graph of a compile this is
 MEASUREMENT_KEY = "air_measurement"  # gm.meta key: what measure_placement measured (Measurement)
+AUTO_STREAMS_KEY = "airstream_auto_streams"  # gm.meta key: auto_streams' decision
 GRAPH_KINDS = ("inference", "forward", "backward")
 
 

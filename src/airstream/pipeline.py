@@ -30,7 +30,13 @@ from airstream.config import CompilerConfig
 from airstream.debug.dump import dump_observer
 from airstream.devices import graph_device
 from airstream.finish import finish_graph
-from airstream.nodes import GRAPH_KIND_KEY, GRAPH_KINDS, MEASUREMENT_KEY, graph_kind
+from airstream.nodes import (
+    AUTO_STREAMS_KEY,
+    GRAPH_KIND_KEY,
+    GRAPH_KINDS,
+    MEASUREMENT_KEY,
+    graph_kind,
+)
 from airstream.observers import CompileObserver
 from airstream.ops.torch_streams import TorchStreams
 from airstream.passes.manager import PassManager
@@ -115,11 +121,14 @@ def _measures(
     gm: torch.fx.GraphModule, config: CompilerConfig, kind: str, saved: bytes | None
 ) -> bool:
     """Whether ``stream_config.measure_placement`` measures this graph: a CPU inference graph
-    the passes put on several streams, run by streams (no debug executor, not saved ahead of
-    time: an entry on disk holds one executor)."""
+    the passes (with ``"auto"``: auto_streams) put on several streams, run by streams (no debug
+    executor, not saved ahead of time: an entry on disk holds one executor)."""
     debug = config.debug
+    setting = config.stream_config.measure_placement
+    decision = gm.meta.get(AUTO_STREAMS_KEY)
+    auto_placed = decision is not None and bool(getattr(decision, "applied", False))
     return (
-        config.stream_config.measure_placement
+        (setting is True or (setting == "auto" and auto_placed))
         and kind == "inference"
         and saved is None
         and not debug.run_eagerly

@@ -11,12 +11,19 @@ from typing import Any
 import torch
 
 __all__ = [
+    "MEASURING_CALLS",
     "checked_medians",
     "interleaved_medians",
     "run_conditions",
     "synchronized",
     "with_threads",
 ]
+
+
+# Warm-up calls that let a runner whose placement is measured (stream_config.measure_placement:
+# 8 timed calls of each candidate after one untimed call each, by default) decide before the
+# timing starts, so that the timing sees what it kept.
+MEASURING_CALLS = 2 * (8 + 1)
 
 
 def interleaved_medians(
@@ -96,7 +103,7 @@ def checked_medians(
                 candidates,
                 rounds=rounds,
                 calls_per_round=calls_per_round,
-                warmup=2,
+                warmup=MEASURING_CALLS,
                 settle=settle,
             )
     finally:

@@ -2,7 +2,8 @@
 graph on one stream, each compiled, timed in turn over a graph's first calls, the slower one
 dropped (``stream_config.measure_placement``).
 
-Calls alternate between the candidates (one stream first), each call timed whole on the
+Calls alternate between the candidates (the placement first: a graph's first call runs as
+placed, as it would unmeasured), each call timed whole on the
 caller's clock. A candidate's first call is not counted (its first run pays for caches and
 thread start-up). Once each has ``calls`` timed calls, the placement is kept only if it wins by
 ``min_gain`` on the medians (one stream's median over the placement's at least ``1 +
@@ -104,7 +105,7 @@ class MeasuredExecutor:
             return self._measure(args)
 
     def _measure(self, args: list[Any]) -> Any:
-        name = (ONE_STREAM, PLACED)[self._turn % 2]
+        name = (PLACED, ONE_STREAM)[self._turn % 2]
         self._turn += 1
         run = self.candidates[name]
         start = self._clock()

@@ -141,6 +141,7 @@ def airstream_config(arch: Arch, config: str, mode: str = "default") -> airstrea
         out.post_grad_custom_pre_pass = passes.auto_streams(
             max_streams=3, min_gain=0, costs="nominal"
         )
+        out.stream_config.measure_placement = False  # forced: every call runs the streams
     elif placement == "forced":
         out.post_grad_custom_pre_pass = _every_third_op_on_a_side_stream
     elif placement == "shared_expert":

@@ -51,6 +51,7 @@ import torch.fx
 
 from airstream.calibration import MachineCosts, machine_costs
 from airstream.effects import effects
+from airstream.nodes import AUTO_STREAMS_KEY
 from airstream.ops.library import is_air_op
 from airstream.passes.auto.cost import CostModel, flops_cost, profile_cost
 from airstream.passes.auto.pricing import Pricer
@@ -190,7 +191,7 @@ def auto_streams(
                     declined=declined,
                     costs=figures.source,
                 )
-                gm.meta["airstream_auto_streams"] = decision
+                gm.meta[AUTO_STREAMS_KEY] = decision
                 log.info("%s", decision)
                 for index, label in placed.labels.items():
                     place_on_stream(gm, [n for n in calls if placed.where.get(n) == index], label)
@@ -207,7 +208,7 @@ def auto_streams(
         decision = AutoStreamsDecision(
             single, listed, len(used), applied, declined=declined, costs=figures.source
         )
-        gm.meta["airstream_auto_streams"] = decision
+        gm.meta[AUTO_STREAMS_KEY] = decision
         log.info("%s", decision)
         if not applied:
             return
