@@ -11,7 +11,11 @@ its first decode step, which compiles (or loads) and runs. Cases:
 - ``airstream <mode>``: ``torch.compile`` with airstream's backend, per mode (``default`` is
   max-autotune on CPU);
 - ``cache_compile <mode>``: :func:`airstream.cache_compile` on ``model.forward`` (the entry on
-  disk; max-autotune's segments from Inductor's cache).
+  disk; max-autotune's segments from Inductor's cache);
+- ``auto_streams <mode>``: ``torch.compile`` with ``passes.auto_streams()``, its placement
+  measured against one stream (``stream_config.measure_placement``, the default ``"auto"``: a
+  second compile where it places streams); ``auto_streams-predicted <mode>``: the same with
+  the measuring off. The step timings then include the measuring's first calls.
 
 Medians of ``rounds`` cold/warm pairs; warm/cold is the figure the cache is judged by.
 """
@@ -38,6 +42,8 @@ RESTART_CASES = (
     "cache_compile reduce-overhead",
     "airstream max-autotune",
     "cache_compile max-autotune",
+    "auto_streams max-autotune",
+    "auto_streams-predicted max-autotune",
 )
 
 
@@ -138,6 +144,9 @@ def _child(model_name: str, case: str) -> dict[str, Any]:
     else:
         config = airstream.CompilerConfig()
         config.mode = mode
+        if kind.startswith("auto_streams"):
+            config.post_grad_custom_pre_pass = airstream.passes.auto_streams()
+            config.stream_config.measure_placement = "auto" if kind == "auto_streams" else False
         backend = airstream.get_backend(compiler_config=config)
     if kind == "cache_compile":
         cached = airstream.cache_compile(model.forward, config=config)
