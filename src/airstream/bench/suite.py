@@ -17,6 +17,7 @@ from airstream.bench.moe import MoE, split_experts
 from airstream.bench.timing import checked_medians, run_conditions
 from airstream.config import CompilerConfig
 from airstream.passes.auto import auto_streams, moe_experts, shared_expert_overlap
+from airstream.runtime.measured import ONE_STREAM
 
 __all__ = ["MODELS", "format_suite", "run_suite"]
 
@@ -99,8 +100,14 @@ def run_suite(
     with torch.no_grad():
         want = model(x)
     medians = checked_medians(candidates, want, rounds=rounds, calls_per_round=calls)
+    measured: dict[str, str] = {}
     for runner, backend in backends.items():
-        streams[runner] = len([s for s in backend.graphs[-1].plan.streams if s.runs])
+        graph = backend.graphs[-1]
+        streams[runner] = len([s for s in graph.plan.streams if s.runs])
+        if graph.measurement is not None:  # the streams it runs are what the measuring kept
+            measured[runner] = graph.measurement.describe()
+            if graph.measurement.chosen == ONE_STREAM:
+                streams[runner] = 1
     base = medians["airstream 1 stream"]
     base_one = medians["airstream 1 stream, 1 thread"]
     return {
@@ -112,6 +119,7 @@ def run_suite(
         "speedup_vs_1_stream": {k: base / v for k, v in medians.items()},
         "speedup_vs_1_stream_1_thread": {k: base_one / v for k, v in medians.items()},
         "streams_used": streams,
+        "measured": measured,
     }
 
 
@@ -129,6 +137,8 @@ def format_suite(report: dict[str, Any]) -> str:
             f"{runner:<36}{ms:>9.2f}{report['speedup_vs_1_stream'][runner]:>12.2f}x"
             f"{report['speedup_vs_1_stream_1_thread'][runner]:>21.2f}x{used!s:>9}"
         )
+    for runner, words in report.get("measured", {}).items():
+        lines.append(f"  {runner}: placement measured against one stream: {words}")
     return "\n".join(lines)
 
 

@@ -21,9 +21,9 @@ __all__ = [
 
 
 # Warm-up calls that let a runner whose placement is measured (stream_config.measure_placement:
-# 8 timed calls of each candidate after one untimed call each, by default) decide before the
+# 8 timed calls of each candidate, each after an untimed one, by default) decide before the
 # timing starts, so that the timing sees what it kept.
-MEASURING_CALLS = 2 * (8 + 1)
+MEASURING_CALLS = 2 * 2 * 8
 
 
 def interleaved_medians(

@@ -2,16 +2,18 @@
 graph on one stream, each compiled, timed in turn over a graph's first calls, the slower one
 dropped (``stream_config.measure_placement``).
 
-Calls alternate between the candidates (the placement first: a graph's first call runs as
-placed, as it would unmeasured), each call timed whole on the
-caller's clock. A candidate's first call is not counted (its first run pays for caches and
-thread start-up). Once each has ``calls`` timed calls, the placement is kept only if it wins by
-``min_gain`` on the medians (one stream's median over the placement's at least ``1 +
-min_gain``) and in at least two thirds of the adjacent pairs of calls (a paired sign test: one
-spike on one side, a busy moment for the machine, moves a median little and a pair count not
-at all, and drift in the machine's load hits both calls of a pair alike). Otherwise one stream
-runs from then on. Every call returns its candidate's result, so results never depend on the
-decision; the decision is final for the graph.
+Calls alternate between the candidates two at a time (the placement first: a graph's first
+call runs as placed, as it would unmeasured), and of each two only the second is timed, whole,
+on the caller's clock: the first settles what the other candidate left (OpenMP threads still
+spinning after its multi-threaded kernels, cold caches, a thread to start), which the candidate
+would not find in its steady state, where its calls follow its own. Once each has ``calls``
+timed calls, the placement is kept only if it wins by ``min_gain`` on the medians (one
+stream's median over the placement's at least ``1 + min_gain``) and in at least two thirds of
+the pairs of timed calls (a paired sign test: one spike on one side, a busy moment for the
+machine, moves a median little and a pair count not at all, and drift in the machine's load
+hits both calls of a pair alike). Otherwise one stream runs from then on. Every call returns
+its candidate's result, so results never depend on the decision; the decision is final for the
+graph.
 """
 
 from __future__ import annotations
@@ -88,7 +90,6 @@ class MeasuredExecutor:
         self._lock = threading.Lock()
         self._chosen: Executor | None = None
         self._turn = 0
-        self._warmed: set[str] = set()
 
     @property
     def code(self) -> str:
@@ -105,14 +106,13 @@ class MeasuredExecutor:
             return self._measure(args)
 
     def _measure(self, args: list[Any]) -> Any:
-        name = (PLACED, ONE_STREAM)[self._turn % 2]
-        self._turn += 1
+        turn, self._turn = self._turn, self._turn + 1
+        name = (PLACED, ONE_STREAM)[turn // 2 % 2]  # two calls each in turn: P P O O P P ...
         run = self.candidates[name]
         start = self._clock()
         result = run(args)
         elapsed = self._clock() - start
-        if name not in self._warmed:
-            self._warmed.add(name)
+        if turn % 2 == 0:  # the first of its two: it settles what the other one left
             return result
         m = self.measurement
         m.seconds[name].append(elapsed)
