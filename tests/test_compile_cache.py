@@ -23,6 +23,7 @@ import torch
 from tests.conftest import slow
 
 import airstream
+from airstream import torch_internals
 from airstream.cache_key import pass_identity
 
 pytestmark = pytest.mark.torch_api  # CI runs it on every torch minor (.ci/run)
@@ -125,6 +126,52 @@ def test_a_new_process_loads_the_entry_and_skips_the_passes(tmp_path: Path) -> N
     record = json.loads(_entry(cache).with_name("compiled.bin.json").read_text())
     assert record["key"]["function"] == "model.Model.forward"
     assert any(m == "model" for m, *_ in record["sources"])
+
+
+_DECORATED_MODEL = """
+import functools
+
+import torch
+
+
+def keeps_tuple(func):  # as transformers' decorators: the wrapper holds the method in a cell
+    @functools.wraps(func)
+    def wrapper(self, *args, return_dict=True, **kwargs):
+        out = func(self, *args, **kwargs)
+        if func.__name__ == "forward" and not return_dict:  # reads the method it wraps
+            return (out,)
+        return out
+
+    return wrapper
+
+
+def scale(x):
+    return x * 2
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    @keeps_tuple
+    def forward(self, x):
+        return scale(torch.relu(self.linear(x))) + torch.sin(x)
+"""
+
+
+def test_a_decorated_method_is_saved_and_loaded(tmp_path: Path) -> None:
+    # pickle cannot find the wrapped method by name (the name finds the wrapper), and a guard on
+    # the wrapper's cell cannot be read by a loaded function: both were saved as the fix says
+    # (tests/test_compile_cache_models.py runs transformers' own forwards)
+    _setup(tmp_path)
+    (tmp_path / "model.py").write_text(textwrap.dedent(_DECORATED_MODEL))
+    if torch_internals.torch_release() < (2, 12, 0):  # what 2.11 cannot save runs in-process
+        first = _run(tmp_path)
+        assert first["loaded"] is False and len(first["warnings"]) <= 1
+        return
+    assert _run(tmp_path) == {"loaded": False, "pass_ran": 1, "stream_block": True, "warnings": []}
+    assert _run(tmp_path) == {"loaded": True, "pass_ran": 0, "stream_block": True, "warnings": []}
 
 
 def test_a_changed_source_is_compiled_again_with_one_warning(tmp_path: Path) -> None:

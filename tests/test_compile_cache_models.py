@@ -98,20 +98,14 @@ def _saves_and_loads(tmp_path: Path, arch: str, cache_kind: str) -> None:
     assert _run(tmp_path, arch, cache_kind) == {"loaded": True, "warnings": []}
 
 
-def test_a_decorated_transformers_forward_with_a_cache_object_is_saved_and_loaded(
-    tmp_path: Path,
-) -> None:
-    _saves_and_loads(tmp_path, "llama", "static")
-
-
 @slow(
     "each case is two processes compiling and loading a transformers model",
-    "tests/test_compile_cache_models.py::"
-    "test_a_decorated_transformers_forward_with_a_cache_object_is_saved_and_loaded",
+    "tests/test_compile_cache.py::test_a_decorated_method_is_saved_and_loaded",
 )
 @pytest.mark.parametrize(
     ("arch", "cache_kind"),
     [
+        ("llama", "static"),
         ("llama", "none"),
         ("llama", "made"),
         ("llama", "dynamic"),
