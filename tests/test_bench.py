@@ -206,6 +206,7 @@ def test_bench_decode_checks_every_runner_and_reports_tokens_per_second(
         "inductor",
         "airstream",
         "auto_streams",
+        "auto_streams predicted",  # measure_placement off: the cost table's decision alone
         "shared_expert",
         "airstream max-autotune",  # the mode the default is not (the suite pins reduce-overhead)
         "alt_stream",
