@@ -25,6 +25,7 @@ as it loaded; run the benchmark once with each to see what releasing gains. The 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,7 +39,13 @@ from airstream.bench.timing import checked_medians, run_conditions, with_threads
 from airstream.config import CompilerConfig
 from airstream.debug.profile import profile
 
-__all__ = ["PointwiseChain", "format_kernel_split", "run_kernel_split"]
+__all__ = [
+    "HandSplit",
+    "PointwiseChain",
+    "format_kernel_split",
+    "inductor_parts",
+    "run_kernel_split",
+]
 
 
 class PointwiseChain(torch.nn.Module):
@@ -72,8 +79,9 @@ class Chains(torch.nn.Module):
         return total
 
 
-class _HandSplit:
-    """Odd parts on a persistent Python thread, even ones on the caller, then the sum."""
+class HandSplit:
+    """The ceiling of a 2-way split without a compiler's runtime: odd parts on a persistent
+    Python thread, even ones on the caller (one intra-op thread each), then the sum."""
 
     def __init__(self, parts: Sequence[Callable[[torch.Tensor], Any]], x: torch.Tensor) -> None:
         self.parts, self.x = parts, x
@@ -107,10 +115,14 @@ def _airstream(model: torch.nn.Module, streams: int) -> Any:
     return torch.compile(model, backend=get_backend(config))
 
 
-def _inductor_parts(parts: list[torch.nn.Module], x: torch.Tensor) -> list[Any]:
-    """Each part compiled by Inductor for one thread, its kernels loaded without the GIL."""
+def inductor_parts(parts: Sequence[torch.nn.Module], x: torch.Tensor) -> list[Any]:
+    """Each part compiled by Inductor for one thread, its kernels bound as airstream's segments'
+    are (AIRSTREAM_KERNEL_GIL: without the GIL by default; with Inductor's binding the two
+    threads' kernels take turns)."""
     compiled = [torch.compile(p, options={"cpp.threads": 1}) for p in parts]
-    with torch_internals.kernels_without_gil(), torch.no_grad():
+    released = environment.AIRSTREAM_KERNEL_GIL.read() == "release"
+    binding = torch_internals.kernels_without_gil() if released else contextlib.nullcontext()
+    with binding, torch.no_grad():
         for part in compiled:
             part(x)  # torch.compile compiles, and loads the kernels, at the first call
     return compiled
@@ -137,9 +149,9 @@ def run_kernel_split(
         for run in runners.values():  # compiled, at one thread each, before the parts are
             run()
     if released:
-        split = _HandSplit(_inductor_parts(parts, x), x)
+        split = HandSplit(inductor_parts(parts, x), x)
         runners["hand-written threads (Inductor parts)"] = with_threads(1, split)
-    runners["hand-written threads (eager parts)"] = with_threads(1, _HandSplit(parts, x))
+    runners["hand-written threads (eager parts)"] = with_threads(1, HandSplit(parts, x))
     if threads > 1:
         runners[f"inductor, {threads} threads"] = with_threads(threads, lambda: inductor(x))
     medians = checked_medians(runners, want, rounds=rounds, calls_per_round=calls, settle=1)

@@ -18,22 +18,20 @@ in a second process with the same directory (warm).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from airstream import environment, torch_internals
 from airstream.backend import get_backend
+from airstream.bench.kernel_split import HandSplit, inductor_parts
 from airstream.bench.moe import MoE, split_experts
 from airstream.bench.timing import checked_medians, run_conditions, synchronized, with_threads
 from airstream.config import CompilerConfig
@@ -109,45 +107,6 @@ def _model(
     return model.eval().to(device), torch.randn(tokens, hidden, device=device), pattern
 
 
-class _HandSplit:
-    """The ceiling of a 2-way split without a compiler's runtime: every part compiled alone by
-    Inductor for 1 thread, its kernels bound as airstream's are; odd parts on a persistent Python
-    thread, even ones on the caller (1 intra-op thread each), then the sum."""
-
-    def __init__(self, parts: list[torch.nn.Module], x: torch.Tensor) -> None:
-        self.parts = [torch.compile(p, options={"cpp.threads": 1}) for p in parts]
-        # compiled (at the first call) with their kernels letting go of the GIL as airstream's
-        # segments' do (AIRSTREAM_KERNEL_GIL): with Inductor's binding the two threads' kernels
-        # take turns
-        released = environment.AIRSTREAM_KERNEL_GIL.read() == "release"
-        binding = torch_internals.kernels_without_gil() if released else contextlib.nullcontext()
-        with binding, torch.no_grad():
-            for part in self.parts:
-                part(x)
-        self.x = x
-        self.go = threading.Semaphore(0)
-        self.done = threading.Semaphore(0)
-        self.odd: list[torch.Tensor] = []
-        threading.Thread(target=self._worker, daemon=True, name="bench-hand-split").start()
-
-    def _worker(self) -> None:
-        torch.set_num_threads(1)
-        while True:
-            self.go.acquire()
-            with torch.no_grad():
-                self.odd = [p(self.x) for p in self.parts[1::2]]
-            self.done.release()
-
-    def __call__(self) -> torch.Tensor:
-        self.go.release()
-        even = [p(self.x) for p in self.parts[0::2]]
-        self.done.acquire()
-        total = even[0]
-        for out in [*even[1:], *self.odd]:
-            total = total + out
-        return total
-
-
 def _airstream(model: torch.nn.Module, mode: str, streams: int, pattern: str) -> Any:
     config = CompilerConfig()
     config.mode = mode
@@ -190,7 +149,9 @@ def run_modes(
             backends[runner] = backend
     parts = list(getattr(model, "branches" if name == "branches-pointwise" else "experts"))
     if inductor and not cuda:
-        candidates["hand-written threads (Inductor parts)"] = with_threads(1, _HandSplit(parts, x))
+        candidates["hand-written threads (Inductor parts)"] = with_threads(
+            1, HandSplit(inductor_parts(parts, x), x)
+        )
     candidates = {runner: synchronized(device, fn) for runner, fn in candidates.items()}
     with torch.no_grad():
         want = model(x)
