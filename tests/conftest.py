@@ -17,6 +17,8 @@ from airstream.nodes import MADE_AFTER_KEY
 # auto_streams decides with fixed nominal figures in tests, so its decisions do not depend on the
 # machine's load; tests/test_calibration.py measures the real ones.
 os.environ.setdefault("AIRSTREAM_COSTS", "nominal")
+# measured decisions are not kept between tests (test_decisions.py turns it on, in a temp dir)
+os.environ.setdefault("AIRSTREAM_DECISIONS", "off")
 # A config left at mode="default" compiles in reduce-overhead (aten calls) in tests: the default
 # on CPU, max-autotune, is an Inductor compile per segment. tests/test_mode.py tests the default
 # itself; the max-autotune tests set the mode.

@@ -45,7 +45,10 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("schedule", frozenset({"schedule"})),
     ("runtime", frozenset({"runtime"})),
     ("observers", frozenset({"observers", "debug"})),
-    ("backend", frozenset({"backend", "pipeline", "finish", "cached_graph", "cache_key"})),
+    (
+        "backend",
+        frozenset({"backend", "pipeline", "finish", "cached_graph", "cache_key", "decisions"}),
+    ),
     (
         "applications",
         frozenset(

@@ -65,9 +65,9 @@ def _run(one: list[float], placed: list[float], calls: int = 4, gain: float = 0.
     log: list[str] = []
     durations = {ONE_STREAM: _settled(one), PLACED: _settled(placed)}
     measured = MeasuredExecutor(
-        _Fake(ONE_STREAM, log),
-        _Fake(PLACED, log),
-        Measurement(calls, gain),
+        {PLACED: _Fake(PLACED, log), ONE_STREAM: _Fake(ONE_STREAM, log)},
+        calls,
+        gain,
         clock=_clock(durations, log),
     )
     results = [measured([1, 2]) for _ in range(4 * calls)]
@@ -224,9 +224,9 @@ def test_calls_from_several_threads_each_count_once() -> None:
 
     log: list[str] = []
     measured = MeasuredExecutor(
-        _Fake(ONE_STREAM, log),
-        _Fake(PLACED, log),
-        Measurement(3, 0.0),
+        {PLACED: _Fake(PLACED, log), ONE_STREAM: _Fake(ONE_STREAM, log)},
+        3,
+        0.0,
         clock=itertools.count().__next__,
     )
     threads = [
@@ -242,3 +242,82 @@ def test_calls_from_several_threads_each_count_once() -> None:
         ONE_STREAM: 3,
         PLACED: 3,
     }
+
+
+def _sized(durations: dict[str, list[float]], **kw: Any) -> tuple[MeasuredExecutor, list[str]]:
+    """A measured executor over fakes whose calls last the given times (each after an untimed
+    call of 100), the range of a call being its first argument."""
+    log: list[str] = []
+    fakes = {name: _Fake(name, log) for name in durations}
+    clock = _clock({k: itertools.cycle([100.0, *v]) for k, v in durations.items()}, log)
+    return MeasuredExecutor(fakes, 2, 0.05, sizes=lambda args: str(args[0]), clock=clock, **kw), log
+
+
+def test_of_several_placements_the_fastest_that_passes_is_kept() -> None:
+    log: list[str] = []
+    names = ("roles", "list schedule", ONE_STREAM)
+    durations = {"roles": [8.0], "list schedule": [6.0], ONE_STREAM: [10.0]}
+    measured = MeasuredExecutor(
+        {n: _Fake(n, log) for n in names},
+        2,
+        0.05,
+        clock=_clock({k: itertools.cycle([100.0, *v]) for k, v in durations.items()}, log),
+    )
+    for _ in range(12):
+        measured([0])
+    assert log == ["roles", "roles", "list schedule", "list schedule", ONE_STREAM, ONE_STREAM] * 2
+    m = measured.measurement
+    assert m is not None and m.chosen == "list schedule"
+    assert "roles 1.25x of one stream" in m.reason and "list schedule 1.67x" in m.reason
+    assert measured([0]) == "list schedule" and list(measured.candidates) == ["list schedule"]
+
+
+def test_each_size_range_is_measured_and_decided_on_its_own() -> None:
+    decided: list[Measurement] = []
+    # the placement is faster at one size range only: each range keeps its own
+    measured, log = _sized({PLACED: [8.0], ONE_STREAM: [10.0]}, on_decided=decided.append)
+    for _ in range(8):
+        measured(["decode"])
+    assert [m.size_range for m in decided] == ["decode"] and decided[0].chosen == PLACED
+    log.clear()
+    assert measured(["decode"]) == PLACED and log == [PLACED]  # decided: no more measuring
+    # a new range measures from its first call, then keeps its own decision
+    for _ in range(8):
+        measured(["prefill"])
+    assert [m.size_range for m in decided] == ["decode", "prefill"]
+    assert set(measured.candidates) == {PLACED, ONE_STREAM}  # a later range may need either
+    ranges = measured.measurements.ranges
+    assert list(ranges) == ["decode", "prefill"] and measured.measurements.decided
+    assert measured.measurement is ranges["prefill"]
+    assert "decode: kept streams as placed" in measured.measurements.describe()
+
+
+def test_a_stored_decision_is_kept_without_measuring() -> None:
+    stored = Measurement(2, 0.05, {ONE_STREAM: [10, 10], PLACED: [8, 8]}, PLACED, "why", "decode")
+    stored.stored = True
+    decided: list[Measurement] = []
+    measured, log = _sized(
+        {PLACED: [8.0], ONE_STREAM: [10.0]}, known={"decode": stored}, on_decided=decided.append
+    )
+    assert measured.measurements.ranges == {"decode": stored}  # shown before any call
+    for _ in range(5):
+        assert measured(["decode"]) == PLACED
+    assert log == [PLACED] * 5 and decided == []
+    assert "decode: kept streams as placed (stored): why" in stored.describe()
+    measured(["prefill"])  # an unknown range is measured
+    assert measured.measurements.ranges["prefill"].chosen is None
+
+
+def test_a_decision_reads_back_as_it_was_stored() -> None:
+    m = Measurement(
+        2, 0.05, {ONE_STREAM: [0.01, 0.02], PLACED: [0.005, 0.006]}, size_range="s0 in 4..7"
+    )
+    m.chosen, m.reason = decide(m)
+    back = Measurement.from_dict(m.as_dict())
+    assert (back.chosen, back.reason, back.seconds, back.size_range) == (
+        m.chosen,
+        m.reason,
+        m.seconds,
+        m.size_range,
+    )
+    assert back.stored and not m.stored

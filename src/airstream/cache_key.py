@@ -34,7 +34,7 @@ from airstream.cached_graph import saved_options
 from airstream.calibration import stored_costs
 from airstream.config import CompilerConfig
 
-__all__ = ["cache_key", "digest", "pass_identity"]
+__all__ = ["airstream_version", "cache_key", "calibration_digest", "digest", "pass_identity"]
 
 _PLAIN = (int, float, bool, str, type(None))
 
@@ -196,16 +196,16 @@ def cache_key(
         "dynamic": dynamic,
         "options": digest(_option_identities(config)),
         "torch": torch.__version__,
-        "airstream": _airstream_version(),
+        "airstream": airstream_version(),
         "python": platform.python_version(),
         "mode_variable": environment.AIRSTREAM_MODE.read(),
-        "costs": [environment.AIRSTREAM_COSTS.read(), _calibration()],
+        "costs": [environment.AIRSTREAM_COSTS.read(), calibration_digest()],
         "ranks": _ranks(),
         "grad": torch.is_grad_enabled(),
     }
 
 
-def _calibration() -> str | None:
+def calibration_digest() -> str | None:
     """A digest of the measured stream costs auto_streams decides with here (None: not
     measured); figures stored for another thread count or machine do not change it."""
     costs = stored_costs()
@@ -222,7 +222,7 @@ def _ranks() -> list[int] | None:
 
 
 @functools.cache
-def _airstream_version() -> str:
+def airstream_version() -> str:
     """airstream's version and a digest of its source files (an editable install changes
     without its version number changing; the passes and the planner are in them)."""
     try:

@@ -25,6 +25,7 @@ from airstream.options import (
     gain,
     pass_slot,
     positive_int,
+    size_bounds,
 )
 
 __all__ = ["CUDA_GRAPH_RERECORD_LIMIT", "CompilerConfig", "PassSlot"]
@@ -180,6 +181,13 @@ class StreamConfig(OptionGroup):
             gain,
             "measure_placement: how much faster than one stream the placement must be to stay "
             "(0.03: its median call 1.03x faster)",
+        ),
+        "measure_ranges": Option(
+            "pow2",
+            size_bounds,
+            "measure_placement, for a graph compiled with dynamic sizes: a decision per size "
+            "range, measured on the first calls in each; 'pow2': ranges 1, 2..3, 4..7, ...; "
+            "or upper bounds such as (1, 256): ranges 0..1, 2..256, 257..",
         ),
     }
 

@@ -28,6 +28,7 @@ from airstream.options import Invalid, choice
 __all__ = [
     "AIRSTREAM_CACHE_DIR",
     "AIRSTREAM_COSTS",
+    "AIRSTREAM_DECISIONS",
     "AIRSTREAM_HANDOFF",
     "AIRSTREAM_KERNEL_GIL",
     "AIRSTREAM_MODE",
@@ -133,6 +134,17 @@ AIRSTREAM_KERNEL_GIL: Variable[str] = Variable(
     ("airstream.schedule.fuse.compile_segments",),
     _word("release", "hold"),
 )
+AIRSTREAM_DECISIONS: Variable[str] = Variable(
+    "AIRSTREAM_DECISIONS",
+    "'disk', 'off'",
+    "disk",
+    "where measure_placement's decisions live: disk = in airstream's cache directory "
+    "(decisions/), keyed by the graph, its size range, the machine, the mode and the versions, "
+    "so a later process measures nothing it measured before (`airstream cache` lists them); "
+    "off = measured again in every process (the test suite sets it)",
+    ("airstream.decisions.decision_store",),
+    _word("disk", "off"),
+)
 AIRSTREAM_COSTS: Variable[str] = Variable(
     "AIRSTREAM_COSTS",
     "'measured', 'nominal'",
@@ -192,6 +204,7 @@ VARIABLES: dict[str, Variable[Any]] = {
         AIRSTREAM_HANDOFF,
         AIRSTREAM_KERNEL_GIL,
         AIRSTREAM_COSTS,
+        AIRSTREAM_DECISIONS,
         AIRSTREAM_MODE,
         TORCHAIR_CACHE_HOME,
         TORCHDYNAMO_VERBOSE,

@@ -23,6 +23,7 @@ from airstream.debug.report import format_segments, format_streams
 from airstream.nodes import AUTO_STREAMS_KEY
 from airstream.observers import CompileObserver
 from airstream.passes.manager import PassSpec
+from airstream.runtime.measured import Measurements
 from airstream.streams import StreamAssignment, assign_streams
 
 __all__ = ["ExplainReport", "GraphReport", "explain", "small_stream_warnings"]
@@ -69,11 +70,21 @@ class ExplainReport:
                 decision = graph.compiled.graph_module.meta.get(AUTO_STREAMS_KEY)
                 if decision is not None:
                     out.write(f"{decision}\n")
+                measured = graph.compiled.measurements
+                if measured is not None:
+                    out.write(_measured_text(measured) + "\n")
         out.write("\n== warnings ==\n")
         out.write("".join(f"- {w}\n" for w in self.warnings) or "none\n")
         if self.dumps:
             out.write("\n== dumps written ==\n" + "".join(f"{p}\n" for p in self.dumps))
         return out.getvalue()
+
+
+def _measured_text(measured: Measurements) -> str:
+    """measure_placement's part of a graph's report: over what, and each range's decision."""
+    over = f" per size range of {measured.sizes}" if measured.sizes else ""
+    lines = "".join(f"\n  {line}" for line in measured.describe().splitlines())
+    return f"measure_placement: one stream and the placement timed in turn{over}:{lines}"
 
 
 def _text(gm: torch.fx.GraphModule) -> str:

@@ -36,7 +36,7 @@ INSERTED_BY_KEY = "air_inserted_by"  # node.meta key: the pass that added the no
 # node.meta key of a view made after a max-autotune segment from what it returns (its name)
 MADE_AFTER_KEY = "air_made_after"
 GRAPH_KIND_KEY = "air_graph_kind"  # gm.meta key: which graph of a compile this is
-MEASUREMENT_KEY = "air_measurement"  # gm.meta key: what measure_placement measured (Measurement)
+MEASUREMENT_KEY = "air_measurement"  # gm.meta key: what measure_placement measured (Measurements)
 AUTO_STREAMS_KEY = "airstream_auto_streams"  # gm.meta key: auto_streams' decision
 GRAPH_KINDS = ("inference", "forward", "backward")
 

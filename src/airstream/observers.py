@@ -30,7 +30,7 @@ from airstream.fused import CompiledSegment
 from airstream.nodes import MEASUREMENT_KEY
 from airstream.passes.manager import PassObserver, PassResult, PassSpec
 from airstream.runtime.codegen import Executor
-from airstream.runtime.measured import Measurement
+from airstream.runtime.measured import Measurement, Measurements
 from airstream.schedule.plan import StreamPlan
 from airstream.streams import StreamAssignment
 from airstream.torch_internals import stream_annotations
@@ -54,11 +54,19 @@ class CompiledGraph:
     mode: str = "reduce-overhead"
 
     @property
-    def measurement(self) -> Measurement | None:
-        """With ``stream_config.measure_placement``: what the graph's first calls measured,
-        one stream against the placement, and which one it kept (None: not measured)."""
+    def measurements(self) -> Measurements | None:
+        """With ``stream_config.measure_placement``: what the graph's first calls measured, one
+        stream against the placement, per size range, and what each range kept (None: not
+        measured)."""
         found = self.graph_module.meta.get(MEASUREMENT_KEY)
-        return found if isinstance(found, Measurement) else None
+        return found if isinstance(found, Measurements) else None
+
+    @property
+    def measurement(self) -> Measurement | None:
+        """The measurement of the size range called last (a static graph's only one); None
+        before the first call or where not measured."""
+        measurements = self.measurements
+        return None if measurements is None else measurements.current
 
     @property
     def fallbacks(self) -> int:

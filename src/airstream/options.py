@@ -88,6 +88,18 @@ def gain(path: str, value: Any) -> float:
     return float(value)
 
 
+def size_bounds(path: str, value: Any) -> str | tuple[int, ...]:
+    """Accept ``"pow2"`` or a non-empty sequence of distinct ints >= 1 (stored sorted, as a
+    tuple): the upper bounds of size ranges."""
+    if value == "pow2":
+        return "pow2"
+    if isinstance(value, (list, tuple)) and value:
+        bounds = tuple(value)
+        if all(type(b) is int and b >= 1 for b in bounds) and len(set(bounds)) == len(bounds):
+            return tuple(sorted(bounds))
+    raise Invalid("'pow2', or the ranges' upper bounds as distinct ints >= 1 (such as (1, 256))")
+
+
 def directory(path: str, value: Any) -> str:
     """Accept a non-empty str or path-like, stored as str."""
     if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):

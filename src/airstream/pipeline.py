@@ -28,8 +28,10 @@ from airstream import torch_internals
 from airstream.cached_graph import cached_graph
 from airstream.config import CompilerConfig
 from airstream.debug.dump import dump_observer
+from airstream.decisions import DecisionStore, decision_store
 from airstream.devices import graph_device
 from airstream.finish import finish_graph
+from airstream.mode import resolve_mode
 from airstream.nodes import (
     AUTO_STREAMS_KEY,
     GRAPH_KIND_KEY,
@@ -43,9 +45,10 @@ from airstream.passes.manager import PassManager
 from airstream.passes.tagged_events import lower_tagged_events
 from airstream.runtime.capture_pool import CapturePool
 from airstream.runtime.codegen import Executor
-from airstream.runtime.measured import MeasuredExecutor, Measurement
+from airstream.runtime.measured import ONE_STREAM, PLACED, MeasuredExecutor
+from airstream.runtime.size_ranges import SizeRanges, size_ranges
 from airstream.schedule.torch_streams import lower_torch_streams, torch_streams_for
-from airstream.streams import lower_streams, on_one_stream, uses_streams
+from airstream.streams import STREAM_KEY, lower_streams, on_one_stream, uses_streams
 
 __all__ = ["GraphCompiler", "settle_streams"]
 
@@ -101,20 +104,40 @@ class GraphCompiler:
 
         results = PassManager(config, observer).run(gm, example_inputs, kind, settle)
         saved = torch_internals.dump_graph(gm) if torch_internals.bundling_compile() else None
-        one_stream = on_one_stream(gm) if _measures(gm, config, kind, saved) else None
+        measuring = _measuring(gm, config, kind) if _measures(gm, config, kind, saved) else None
         executor = finish_graph(
             gm, config, kind, observer, tuple(results), capture_pool=self.capture_pool
         )
         if saved is not None:  # an ahead-of-time compile (airstream.cache_compile) saves it
             static = torch_internals.static_input_indices() if kind != "backward" else None
             return cached_graph(saved, config, kind, executor, static)
-        if one_stream is not None:  # measured against one stream over the first calls
+        if measuring is not None:  # measured against one stream over the first calls
+            one_stream, sizes, store = measuring
             alone = finish_graph(one_stream, config, kind, CompileObserver(), tuple(results))
             options = config.stream_config
-            measurement = Measurement(options.measure_calls, options.measure_min_gain)
-            gm.meta[MEASUREMENT_KEY] = measurement
-            return MeasuredExecutor(alone, executor, measurement)
+            measured = MeasuredExecutor(
+                {PLACED: executor, ONE_STREAM: alone},
+                options.measure_calls,
+                options.measure_min_gain,
+                sizes=sizes,
+                described_sizes="" if sizes is None else sizes.describe(),
+                known=store.load() if store is not None else None,
+                on_decided=store.save if store is not None else None,
+            )
+            gm.meta[MEASUREMENT_KEY] = measured.measurements
+            return measured
         return executor
+
+
+def _measuring(
+    gm: torch.fx.GraphModule, config: CompilerConfig, kind: str
+) -> tuple[torch.fx.GraphModule, SizeRanges | None, DecisionStore | None]:
+    """What measuring a placed graph needs, taken before it is fused: the graph on one stream,
+    its size ranges (None: static) and where its decisions are kept (None: nowhere)."""
+    bounds = config.stream_config.measure_ranges
+    sizes = size_ranges(gm, None if bounds == "pow2" else bounds)
+    mode = resolve_mode(config, graph_device(gm).type)
+    return on_one_stream(gm), sizes, decision_store(gm, config, kind, mode, STREAM_KEY)
 
 
 def _measures(

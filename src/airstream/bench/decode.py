@@ -146,10 +146,10 @@ def _measured(backend: Any, step: Callable[[], torch.Tensor] | None) -> str:
     process does before its steady state, which the timing then sees); its decisions."""
     if backend is None or step is None:
         return ""
-    for _ in range(64):
-        pending = [g.measurement for g in backend.graphs if g.measurement is not None]
-        if all(m.chosen is not None for m in pending):
-            return "; ".join(m.describe() for m in pending) or "nothing to measure"
+    for calls in range(64):
+        measured = [g.measurements for g in backend.graphs if g.measurements is not None]
+        if calls > 0 and all(m.decided for m in measured):
+            return "; ".join(m.describe() for m in measured) or "nothing to measure"
         step()
     raise RuntimeError("measure_placement did not decide within 64 calls")
 

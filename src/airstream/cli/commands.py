@@ -72,13 +72,18 @@ def cache(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from airstream.cache_files import clear_entries, default_root, list_entries
+    from airstream.decisions import clear_decisions, decisions_root, list_decisions
 
     root = Path(args.dir) if args.dir else default_root()
+    decided = None if args.dir else decisions_root()  # --dir: another program's cache
     if args.clear:
         count, size = clear_entries(root)
         print(
             f"removed {count} entr{'y' if count == 1 else 'ies'} ({size / 1e6:.1f} MB) from {root}"
         )
+        if decided is not None:
+            removed, size = clear_decisions(decided)
+            print(f"removed the measured decisions of {removed} graph(s) ({size} bytes)")
         return 0
     entries = list_entries(root)
     print(f"compile cache: {root}")
@@ -88,4 +93,13 @@ def cache(args: argparse.Namespace) -> int:
         print(f"  {entry.function}\n    {entry.bytes / 1e6:.1f} MB, {age:.1f} h old: {entry.path}")
     total = sum(e.bytes for e in entries)
     print(f"  {len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, {total / 1e6:.1f} MB")
+    if decided is not None:
+        graphs = list_decisions(decided)
+        print(f"measured stream decisions (measure_placement): {decided}")
+        for graph in graphs:
+            age = (now - graph.modified) / 3600
+            print(f"  {graph.graph}, {age:.1f} h old: {graph.directory.name}")
+            for decision in graph.decisions:
+                print(f"    {decision.describe()}")
+        print(f"  {len(graphs)} graph(s)")
     return 0

@@ -188,12 +188,14 @@ def _add_cache(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     cache = _command(
         sub,
         "cache",
-        "list or clear the compile cache (airstream.cache_compile's entries on disk)",
+        "list or clear the compile cache and the measured stream decisions kept on disk",
         "List the entries of the on-disk compile cache: each compiled function, its file, its\n"
         "size and age, and the total. The cache is airstream's cache directory's compiled/\n"
         "($AIRSTREAM_CACHE_DIR, else $XDG_CACHE_HOME/airstream, else ~/.cache/airstream);\n"
-        "--dir reads another one, such as a TorchAir script's ./.torchair_cache. --clear\n"
-        "deletes the entries (the next call compiles again). Inductor keeps its own cache\n"
+        "--dir reads another one, such as a TorchAir script's ./.torchair_cache. Then the\n"
+        "stream decisions measure_placement measured (its decisions/ folder): each graph and,\n"
+        "per size range, the candidate kept and its measured times. --clear deletes both (the\n"
+        "next call compiles and measures again). Inductor keeps its own cache\n"
         "($TORCHINDUCTOR_CACHE_DIR), which this command leaves alone.",
         [
             "airstream cache",

@@ -1,19 +1,26 @@
 """A placement kept only where it measures faster: the streams the passes placed, and the same
 graph on one stream, each compiled, timed in turn over a graph's first calls, the slower one
-dropped (``stream_config.measure_placement``).
+dropped (``stream_config.measure_placement``); with a dynamic size, one decision per size range.
 
-Calls alternate between the candidates two at a time (the placement first: a graph's first
-call runs as placed, as it would unmeasured), and of each two only the second is timed, whole,
-on the caller's clock: the first settles what the other candidate left (OpenMP threads still
-spinning after its multi-threaded kernels, cold caches, a thread to start), which the candidate
-would not find in its steady state, where its calls follow its own. Once each has ``calls``
-timed calls, the placement is kept only if it wins by ``min_gain`` on the medians (one
-stream's median over the placement's at least ``1 + min_gain``) and in at least two thirds of
-the pairs of timed calls (a paired sign test: one spike on one side, a busy moment for the
-machine, moves a median little and a pair count not at all, and drift in the machine's load
-hits both calls of a pair alike). Otherwise one stream runs from then on. Every call returns
-its candidate's result, so results never depend on the decision; the decision is final for the
-graph.
+Calls go round the candidates two at a time (the placements first: a graph's first call runs as
+placed, as it would unmeasured), and of each two only the second is timed, whole, on the
+caller's clock: the first settles what the other candidate left (OpenMP threads still spinning
+after its multi-threaded kernels, cold caches, a thread to start), which the candidate would not
+find in its steady state, where its calls follow its own. Once each has ``calls`` timed calls, a
+placement is kept only if it wins by ``min_gain`` on the medians (one stream's median over the
+placement's at least ``1 + min_gain``) and in at least two thirds of the pairs of timed calls
+(the i-th timed call of each: a paired sign test: one spike on one side, a busy moment for the
+machine, moves a median little and a pair count not at all, and drift in the machine's load hits
+both calls of a pair alike); of the placements that pass, the fastest. Otherwise one stream runs
+from then on. Every call returns its candidate's result, so results never depend on the
+decision.
+
+A graph compiled with a dynamic size (``s0`` tokens) has a decision per size range
+(:mod:`airstream.runtime.size_ranges`: decode and prefill differ), chosen at each call by the
+sizes of its arguments and measured on the first calls of each range; decisions already taken
+(``known``: stored by an earlier process) are not measured again, and each new one is handed to
+``on_decided`` (which stores it). A static graph has one range, ``all sizes``, and drops the
+candidates it did not keep.
 """
 
 from __future__ import annotations
@@ -21,29 +28,44 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from airstream.runtime.codegen import Executor
 
-__all__ = ["ONE_STREAM", "PLACED", "Measurement", "MeasuredExecutor"]
+__all__ = [
+    "ALL_SIZES",
+    "ONE_STREAM",
+    "PLACED",
+    "MeasuredExecutor",
+    "Measurement",
+    "Measurements",
+    "decide",
+]
 
 ONE_STREAM = "one stream"
 PLACED = "streams as placed"
-_PAIR_SHARE = 2 / 3  # the share of adjacent pairs the placement must win
+ALL_SIZES = "all sizes"
+_PAIR_SHARE = 2 / 3  # the share of pairs a placement must win
+
+
+def _two() -> dict[str, list[float]]:
+    return {ONE_STREAM: [], PLACED: []}
 
 
 @dataclass
 class Measurement:
-    """What a graph's first calls measured: each candidate's call times (seconds, in call
-    order), and once decided, the candidate kept and why."""
+    """What one size range's first calls measured: each candidate's timed calls (seconds, in
+    call order; one stream is the baseline), and once decided, the candidate kept and why."""
 
     calls: int
     min_gain: float
-    seconds: dict[str, list[float]] = field(default_factory=lambda: {ONE_STREAM: [], PLACED: []})
+    seconds: dict[str, list[float]] = field(default_factory=_two)
     chosen: str | None = None
     reason: str = ""
+    size_range: str = ALL_SIZES
+    stored: bool = False  # decided by an earlier process and read from disk
 
     def medians_ms(self) -> dict[str, float]:
         """Each candidate's median call time so far, in ms (measured calls only)."""
@@ -52,44 +74,140 @@ class Measurement:
     def describe(self) -> str:
         """One line: the medians and the decision (or how far the measuring is)."""
         medians = ", ".join(f"{k} {v:.3f} ms" for k, v in self.medians_ms().items())
+        where = "" if self.size_range == ALL_SIZES else f"{self.size_range}: "
         if self.chosen is None:
             done = min(len(v) for v in self.seconds.values())
-            return f"measuring ({done} of {self.calls} calls each): {medians}"
-        return f"kept {self.chosen}: {self.reason} ({medians})"
+            return f"{where}measuring ({done} of {self.calls} calls each): {medians}"
+        stored = " (stored)" if self.stored else ""
+        return f"{where}kept {self.chosen}{stored}: {self.reason} ({medians})"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form a decision is stored in."""
+        return {
+            "calls": self.calls,
+            "min_gain": self.min_gain,
+            "seconds": self.seconds,
+            "chosen": self.chosen,
+            "reason": self.reason,
+            "size_range": self.size_range,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Measurement:
+        """A stored decision read back (:meth:`as_dict`'s form)."""
+        return cls(
+            int(data["calls"]),
+            float(data["min_gain"]),
+            {str(k): [float(s) for s in v] for k, v in data["seconds"].items()},
+            str(data["chosen"]),
+            str(data["reason"]),
+            str(data["size_range"]),
+            stored=True,
+        )
+
+
+@dataclass
+class Measurements:
+    """A graph's measurements, one per size range in order of first use; ``sizes``: what the
+    ranges range over (``""``: a static graph, one range)."""
+
+    sizes: str
+    ranges: dict[str, Measurement] = field(default_factory=dict)
+    latest: str | None = None  # the range of the latest call that was measured or new
+
+    @property
+    def current(self) -> Measurement | None:
+        """The measurement of the latest range called (None before the first call)."""
+        return None if self.latest is None else self.ranges[self.latest]
+
+    @property
+    def decided(self) -> bool:
+        """Whether every range called so far has decided (and at least one was called)."""
+        return bool(self.ranges) and all(m.chosen is not None for m in self.ranges.values())
+
+    def describe(self) -> str:
+        """One line per range called (or stored), each as :meth:`Measurement.describe`."""
+        if not self.ranges:
+            over = f" of each range of {self.sizes}" if self.sizes else ""
+            return f"not measured yet: the first calls{over} measure"
+        return "\n".join(m.describe() for m in self.ranges.values())
 
 
 def decide(measurement: Measurement) -> tuple[str, str]:
     """The candidate to keep and why, from ``calls`` timed calls of each."""
-    one, placed = measurement.seconds[ONE_STREAM], measurement.seconds[PLACED]
-    speedup = statistics.median(one) / statistics.median(placed)
-    wins = sum(p < o for o, p in zip(one, placed, strict=False))
-    pairs = min(len(one), len(placed))
+    seconds = measurement.seconds
+    one = seconds[ONE_STREAM]
     needed = 1 + measurement.min_gain
-    words = f"{speedup:.2f}x of one stream, faster in {wins} of {pairs} pairs of calls"
-    if speedup >= needed and wins >= _PAIR_SHARE * pairs:
-        return PLACED, words
-    return ONE_STREAM, f"{words} (needs {needed:.2f}x and {_PAIR_SHARE:.0%} of the pairs)"
+    words: list[str] = []
+    best: tuple[float, str] | None = None
+    for name, times in seconds.items():
+        if name == ONE_STREAM:
+            continue
+        speedup = statistics.median(one) / statistics.median(times)
+        wins = sum(p < o for o, p in zip(one, times, strict=False))
+        pairs = min(len(one), len(times))
+        text = f"{speedup:.2f}x of one stream, faster in {wins} of {pairs} pairs of calls"
+        words.append(text if len(seconds) == 2 else f"{name} {text}")
+        if (
+            speedup >= needed
+            and wins >= _PAIR_SHARE * pairs
+            and (best is None or speedup > best[0])
+        ):
+            best = (speedup, name)
+    said = "; ".join(words)
+    if best is not None:
+        return best[1], said
+    return ONE_STREAM, f"{said} (needs {needed:.2f}x and {_PAIR_SHARE:.0%} of the pairs)"
+
+
+@dataclass
+class _Range:
+    measurement: Measurement
+    order: tuple[str, ...]  # the turn order: placements first, one stream last
+    turn: int = 0
+    chosen: Executor | None = None
 
 
 class MeasuredExecutor:
-    """Runs one stream and the placement in turn until :func:`decide` can choose, then the
-    chosen one. Safe to call from several threads (a call measured under the lock counts)."""
+    """Runs the candidates in turn, per size range, until :func:`decide` can choose, then the
+    chosen one. ``candidates``: name -> executor, one of them :data:`ONE_STREAM`; ``sizes``: the
+    range of a call's arguments (None: a static graph). Safe to call from several threads (a call
+    measured under the lock counts)."""
 
     _boxed_call = True  # AOTAutograd hands it the argument list, which a candidate empties
 
     def __init__(
         self,
-        one_stream: Executor,
-        placed: Executor,
-        measurement: Measurement,
+        candidates: Mapping[str, Executor],
+        calls: int,
+        min_gain: float,
+        *,
+        sizes: Callable[[list[Any]], str] | None = None,
+        described_sizes: str = "",
+        known: Mapping[str, Measurement] | None = None,
+        on_decided: Callable[[Measurement], None] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        self.candidates = {ONE_STREAM: one_stream, PLACED: placed}
-        self.measurement = measurement
+        if ONE_STREAM not in candidates or len(candidates) < 2:
+            raise ValueError(
+                f"measuring needs {ONE_STREAM!r} and a placement, got {list(candidates)}"
+            )
+        self.candidates = dict(candidates)
+        self.measurements = Measurements(described_sizes)
+        self._calls, self._min_gain = calls, min_gain
+        self._sizes = sizes
+        # stored decisions of candidates this graph has (what explain and the report show)
+        self._known = {k: m for k, m in (known or {}).items() if m.chosen in self.candidates}
+        self.measurements.ranges.update(self._known)
+        self._on_decided = on_decided
         self._clock = clock
         self._lock = threading.Lock()
-        self._chosen: Executor | None = None
-        self._turn = 0
+        self._ranges: dict[str, _Range] = {}
+
+    @property
+    def measurement(self) -> Measurement | None:
+        """The latest range's measurement (:attr:`Measurements.current`)."""
+        return self.measurements.current
 
     @property
     def code(self) -> str:
@@ -97,27 +215,48 @@ class MeasuredExecutor:
         return "\n".join(f"# {name}\n{run.code}" for name, run in self.candidates.items())
 
     def __call__(self, args: list[Any]) -> Any:
-        chosen = self._chosen
-        if chosen is not None:
-            return chosen(args)
+        key = ALL_SIZES if self._sizes is None else self._sizes(args)
+        state = self._ranges.get(key)
+        if state is not None and state.chosen is not None:
+            return state.chosen(args)
         with self._lock:
-            if self._chosen is not None:
-                return self._chosen(args)
-            return self._measure(args)
+            state = self._ranges.get(key)
+            if state is None:
+                state = self._ranges[key] = self._start(key)
+            self.measurements.latest = key
+            if state.chosen is not None:
+                return state.chosen(args)
+            return self._measure(state, args)
 
-    def _measure(self, args: list[Any]) -> Any:
-        turn, self._turn = self._turn, self._turn + 1
-        name = (PLACED, ONE_STREAM)[turn // 2 % 2]  # two calls each in turn: P P O O P P ...
-        run = self.candidates[name]
+    def _start(self, key: str) -> _Range:
+        """A range's state: its stored decision, or a new measurement."""
+        stored = self._known.get(key)
+        if stored is not None and stored.chosen is not None:
+            chosen = self.candidates[stored.chosen]
+            if self._sizes is None:  # one range only: the others' memory goes
+                self.candidates = {stored.chosen: chosen}
+            return _Range(stored, (), chosen=chosen)
+        names = [n for n in self.candidates if n != ONE_STREAM]
+        seconds: dict[str, list[float]] = {ONE_STREAM: [], **{n: [] for n in names}}
+        measurement = Measurement(self._calls, self._min_gain, seconds, size_range=key)
+        self.measurements.ranges[key] = measurement
+        return _Range(measurement, (*names, ONE_STREAM))
+
+    def _measure(self, state: _Range, args: list[Any]) -> Any:
+        turn, state.turn = state.turn, state.turn + 1
+        name = state.order[turn // 2 % len(state.order)]  # two calls each: P P O O P P ...
         start = self._clock()
-        result = run(args)
+        result = self.candidates[name](args)
         elapsed = self._clock() - start
         if turn % 2 == 0:  # the first of its two: it settles what the other one left
             return result
-        m = self.measurement
+        m = state.measurement
         m.seconds[name].append(elapsed)
         if all(len(v) >= m.calls for v in m.seconds.values()):
             m.chosen, m.reason = decide(m)
-            self._chosen = self.candidates[m.chosen]
-            self.candidates = {m.chosen: self._chosen}  # the other one's memory goes
+            state.chosen = self.candidates[m.chosen]
+            if self._sizes is None:  # one range only: the others' memory goes
+                self.candidates = {m.chosen: state.chosen}
+            if self._on_decided is not None:
+                self._on_decided(m)
         return result
