@@ -20,6 +20,7 @@ from airstream.decisions import list_decisions
 from airstream.errors import ConfigError
 from airstream.runtime.measured import ONE_STREAM, PLACED
 from airstream.runtime.size_ranges import SizeRanges, SizeSource
+from airstream.streams import STREAM_KEY
 
 
 class TwoBranches(torch.nn.Module):
@@ -206,3 +207,34 @@ def test_in_the_default_mode_each_range_runs_its_segments() -> None:
     assert graph.mode == "max-autotune" and graph.fallbacks == 0
     measured = graph.measurements
     assert measured is not None and len(measured.ranges) == 2 and measured.decided
+
+
+def test_a_static_graph_decided_before_compiles_only_what_it_kept(
+    on_disk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import airstream.pipeline as pipeline
+
+    finished: list[torch.fx.GraphModule] = []
+    finish = pipeline.finish_graph
+
+    def counting(gm: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
+        finished.append(gm)
+        return finish(gm, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "finish_graph", counting)
+    model = TwoBranches().eval()
+    compiled, backend = compile_model(model, _config())
+    _calls(compiled, model, 4, 8)
+    first = graph_of(backend, "inference").measurement
+    assert first is not None and first.chosen is not None and len(finished) == 2
+
+    torch.compiler.reset()
+    finished.clear()
+    compiled, backend = compile_model(model, _config())
+    _calls(compiled, model, 4, 2)
+    graph = graph_of(backend, "inference")
+    assert len(finished) == 1  # the candidate kept, and nothing else
+    assert graph.measurement is not None and graph.measurement.stored
+    assert graph.measurement.chosen == first.chosen
+    sides = {n.meta.get(STREAM_KEY) for n in graph.graph_module.graph.nodes} - {None}
+    assert sides == (set() if first.chosen == ONE_STREAM else {"side"})

@@ -19,6 +19,7 @@ AOTAutograd themselves).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -45,7 +46,14 @@ from airstream.passes.manager import PassManager
 from airstream.passes.tagged_events import lower_tagged_events
 from airstream.runtime.capture_pool import CapturePool
 from airstream.runtime.codegen import Executor
-from airstream.runtime.measured import ONE_STREAM, PLACED, MeasuredExecutor
+from airstream.runtime.measured import (
+    ALL_SIZES,
+    ONE_STREAM,
+    PLACED,
+    MeasuredExecutor,
+    Measurement,
+    Measurements,
+)
 from airstream.runtime.size_ranges import SizeRanges, size_ranges
 from airstream.schedule.torch_streams import lower_torch_streams, torch_streams_for
 from airstream.streams import STREAM_KEY, lower_streams, on_one_stream, uses_streams
@@ -105,6 +113,14 @@ class GraphCompiler:
         results = PassManager(config, observer).run(gm, example_inputs, kind, settle)
         saved = torch_internals.dump_graph(gm) if torch_internals.bundling_compile() else None
         measuring = _measuring(gm, config, kind) if _measures(gm, config, kind, saved) else None
+        if measuring is not None and measuring.settled is not None:
+            # a static graph an earlier process decided: only the candidate it kept compiles
+            settled = measuring.settled
+            graph = measuring.one_stream if settled.chosen == ONE_STREAM else gm
+            graph.meta[MEASUREMENT_KEY] = Measurements("", {ALL_SIZES: settled}, ALL_SIZES)
+            return finish_graph(
+                graph, config, kind, observer, tuple(results), capture_pool=self.capture_pool
+            )
         executor = finish_graph(
             gm, config, kind, observer, tuple(results), capture_pool=self.capture_pool
         )
@@ -112,16 +128,18 @@ class GraphCompiler:
             static = torch_internals.static_input_indices() if kind != "backward" else None
             return cached_graph(saved, config, kind, executor, static)
         if measuring is not None:  # measured against one stream over the first calls
-            one_stream, sizes, store = measuring
-            alone = finish_graph(one_stream, config, kind, CompileObserver(), tuple(results))
+            alone = finish_graph(
+                measuring.one_stream, config, kind, CompileObserver(), tuple(results)
+            )
             options = config.stream_config
+            sizes, store = measuring.sizes, measuring.store
             measured = MeasuredExecutor(
                 {PLACED: executor, ONE_STREAM: alone},
                 options.measure_calls,
                 options.measure_min_gain,
                 sizes=sizes,
                 described_sizes="" if sizes is None else sizes.describe(),
-                known=store.load() if store is not None else None,
+                known=measuring.known,
                 on_decided=store.save if store is not None else None,
             )
             gm.meta[MEASUREMENT_KEY] = measured.measurements
@@ -129,15 +147,30 @@ class GraphCompiler:
         return executor
 
 
-def _measuring(
-    gm: torch.fx.GraphModule, config: CompilerConfig, kind: str
-) -> tuple[torch.fx.GraphModule, SizeRanges | None, DecisionStore | None]:
+@dataclass(frozen=True)
+class _Measuring:
     """What measuring a placed graph needs, taken before it is fused: the graph on one stream,
-    its size ranges (None: static) and where its decisions are kept (None: nowhere)."""
+    its size ranges (None: static), where its decisions are kept (None: nowhere) and those kept
+    before, by range."""
+
+    one_stream: torch.fx.GraphModule
+    sizes: SizeRanges | None
+    store: DecisionStore | None
+    known: dict[str, Measurement]
+
+    @property
+    def settled(self) -> Measurement | None:
+        """A static graph's stored decision (a dynamic one may meet new ranges)."""
+        return self.known.get(ALL_SIZES) if self.sizes is None else None
+
+
+def _measuring(gm: torch.fx.GraphModule, config: CompilerConfig, kind: str) -> _Measuring:
     bounds = config.stream_config.measure_ranges
     sizes = size_ranges(gm, None if bounds == "pow2" else bounds)
     mode = resolve_mode(config, graph_device(gm).type)
-    return on_one_stream(gm), sizes, decision_store(gm, config, kind, mode, STREAM_KEY)
+    store = decision_store(gm, config, kind, mode, STREAM_KEY)
+    known = store.load() if store is not None else {}
+    return _Measuring(on_one_stream(gm), sizes, store, known)
 
 
 def _measures(

@@ -141,7 +141,7 @@ def _backends(shared: str | None, inductor: bool, device: str) -> dict[str, Any]
 PREDICTED = "auto_streams predicted"
 
 
-def _measured(backend: Any, step: Callable[[], torch.Tensor] | None) -> str:
+def measure_until_decided(backend: Any, step: Callable[[], torch.Tensor] | None) -> str:
     """Run the measured runner's first calls until each graph has decided (what a serving
     process does before its steady state, which the timing then sees); its decisions."""
     if backend is None or step is None:
@@ -252,7 +252,7 @@ def run_decode(
         want = steps["eager"]()
         for runner, step in steps.items():
             torch.testing.assert_close(step(), want, rtol=1e-3, atol=1e-3, msg=runner)
-        measured = _measured(backends.get("auto_streams"), steps.get("auto_streams"))
+        measured = measure_until_decided(backends.get("auto_streams"), steps.get("auto_streams"))
         medians = interleaved_medians(steps, rounds=rounds, calls_per_round=calls, warmup=2)
         report["models"][name] = {
             runner: {

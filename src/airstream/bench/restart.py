@@ -15,7 +15,9 @@ its first decode step, which compiles (or loads) and runs. Cases:
 - ``auto_streams <mode>``: ``torch.compile`` with ``passes.auto_streams()``, its placement
   measured against one stream (``stream_config.measure_placement``, the default ``"auto"``: a
   second compile where it places streams); ``auto_streams-predicted <mode>``: the same with
-  the measuring off. The step timings then include the measuring's first calls.
+  the measuring off. The step timings then include the measuring's first calls; after them the
+  process calls on until the measuring has decided, as a serving process would, so the warm
+  process finds the decision on disk (``AIRSTREAM_DECISIONS``) and measures nothing.
 
 Medians of ``rounds`` cold/warm pairs; warm/cold is the figure the cache is judged by.
 """
@@ -74,6 +76,8 @@ def _pair(model: str, case: str) -> dict[str, float]:
             out[f"{state}_step_ms"] = report["step_ms"]
             if case.startswith("cache_compile"):
                 out[f"{state}_loaded"] = report["loaded"]
+            if report["measured"]:
+                out[f"{state}_measured"] = report["measured"]
     return out
 
 
@@ -89,11 +93,12 @@ def run_restart(
         row: dict[str, Any] = {"case": case}
         for field in pairs[0]:
             values = [p[field] for p in pairs]
-            row[field] = (
-                statistics.median(values)
-                if not field.endswith("_loaded")
-                else all(values)
-            )
+            if field.endswith("_loaded"):
+                row[field] = all(values)
+            elif field.endswith("_measured"):
+                row[field] = values[-1]  # the last round's decisions, as words
+            else:
+                row[field] = statistics.median(values)
         rows.append(row)
     return {
         "benchmark": "restart",
@@ -122,6 +127,9 @@ def format_restart(report: dict[str, Any]) -> str:
             f"  {row['case']:<32}{row['cold']:>8.2f}{row['warm']:>8.2f}{ratio:>10.0%} "
             f"{row['warm_setup']:>8.2f}{row['warm_step_ms']:>9.1f}{loaded}"
         )
+        for state in ("cold", "warm"):
+            if f"{state}_measured" in row:
+                lines.append(f"    {state}: {row[f'{state}_measured']}")
     lines.append(
         "  setup = the warm process's import, model build and eager prefill (not in the first "
         "call); step = the median of the warm process's next 10 decode steps"
@@ -134,7 +142,7 @@ def _child(model_name: str, case: str) -> dict[str, Any]:
     import torch
 
     import airstream
-    from airstream.bench.decode import build_model, decode_step
+    from airstream.bench.decode import build_model, decode_step, measure_until_decided
 
     model, _ = build_model(model_name)
     kind, _, mode = case.partition(" ")
@@ -160,12 +168,16 @@ def _child(model_name: str, case: str) -> dict[str, Any]:
         began = time.perf_counter()
         step()
         steps.append(time.perf_counter() - began)
+    measured = ""
+    if kind == "auto_streams":  # on until it has decided, as a serving process would be
+        measured = measure_until_decided(backend, step)
     del torch
     return {
         "first_call": first,
         "setup": setup,
         "loaded": loaded,
         "step_ms": 1e3 * statistics.median(steps),
+        "measured": measured,
     }
 
 
