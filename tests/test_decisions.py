@@ -238,3 +238,26 @@ def test_a_static_graph_decided_before_compiles_only_what_it_kept(
     assert graph.measurement.chosen == first.chosen
     sides = {n.meta.get(STREAM_KEY) for n in graph.graph_module.graph.nodes} - {None}
     assert sides == (set() if first.chosen == ONE_STREAM else {"side"})
+
+
+def test_a_real_moe_model_decides_its_shared_expert_stream_per_length() -> None:
+    from airstream.selftest.models import ARCHS, airstream_config
+
+    arch = ARCHS["qwen2_moe"]
+    model = arch.build().eval()
+    config = airstream_config(arch, "shared_expert", mode="reduce-overhead")
+    config.stream_config.measure_placement = True  # the hand-placed shared expert, measured
+    config.stream_config.measure_calls = 2
+    compiled, backend = compile_model(model, config, dynamic=True)
+    with torch.no_grad():
+        for length in (3, 9):  # a decode-like and a prefill-like length: two ranges
+            ids = torch.randint(0, 64, (1, length), generator=torch.Generator().manual_seed(length))
+            want = model(input_ids=ids).logits
+            for _ in range(8):
+                assert_same(compiled(input_ids=ids).logits, want, rtol=1e-4, atol=1e-4)
+    graph = graph_of(backend, "inference")
+    assert len(backend.graphs) == 1
+    assert any(n.meta.get(STREAM_KEY) for n in graph.graph_module.graph.nodes)  # as placed
+    measured = graph.measurements
+    assert measured is not None and measured.decided
+    assert [r.split(" in ")[1] for r in measured.ranges] == ["2..3", "8..15"]

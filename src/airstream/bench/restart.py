@@ -114,7 +114,7 @@ def format_restart(report: dict[str, Any]) -> str:
     lines = [
         f"first call of a new process, {report['model']} decode step (torch {report['torch']}; "
         f"median of {report['rounds']} cold/warm pairs, each case on caches of its own)",
-        f"  {'case':<32}{'cold s':>8}{'warm s':>8}{'warm/cold':>11}{'setup s':>9}{'step ms':>9}",
+        f"  {'case':<38}{'cold s':>8}{'warm s':>8}{'warm/cold':>11}{'setup s':>9}{'step ms':>9}",
     ]
     for row in report["rows"]:
         ratio = row["warm"] / row["cold"]
@@ -124,7 +124,7 @@ def format_restart(report: dict[str, Any]) -> str:
             else ("  (loaded)" if row["warm_loaded"] else "  (NOT loaded)")
         )
         lines.append(
-            f"  {row['case']:<32}{row['cold']:>8.2f}{row['warm']:>8.2f}{ratio:>10.0%} "
+            f"  {row['case']:<38}{row['cold']:>8.2f}{row['warm']:>8.2f}{ratio:>10.0%} "
             f"{row['warm_setup']:>8.2f}{row['warm_step_ms']:>9.1f}{loaded}"
         )
         for state in ("cold", "warm"):
