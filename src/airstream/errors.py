@@ -59,4 +59,3 @@ class TorchSupportError(AirstreamError, RuntimeError):
 class CacheWarning(UserWarning):
     """A compile-cache entry was not used, or a compile could not be saved
     (:mod:`airstream.compile_cache`): each says why and what happens instead."""
-

@@ -20,6 +20,8 @@ __all__ = [
     "MADE_AFTER_KEY",
     "MEASUREMENT_KEY",
     "AUTO_STREAMS_KEY",
+    "CANDIDATES_KEY",
+    "NAMES_KEY",
     "INSERTED_BY_KEY",
     "SEGMENT_KEY",
     "graph_kind",
@@ -38,6 +40,10 @@ MADE_AFTER_KEY = "air_made_after"
 GRAPH_KIND_KEY = "air_graph_kind"  # gm.meta key: which graph of a compile this is
 MEASUREMENT_KEY = "air_measurement"  # gm.meta key: what measure_placement measured (Measurements)
 AUTO_STREAMS_KEY = "airstream_auto_streams"  # gm.meta key: auto_streams' decision
+# auto_streams' alternative placements (passes/auto/candidates.py): node.meta, candidate name ->
+# stream label (no entry: main); gm.meta, the candidates' names in predicted order
+CANDIDATES_KEY = "air_auto_candidates"
+NAMES_KEY = "air_auto_candidate_names"
 GRAPH_KINDS = ("inference", "forward", "backward")
 
 

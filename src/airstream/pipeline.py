@@ -18,6 +18,7 @@ AOTAutograd themselves).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,9 +36,11 @@ from airstream.finish import finish_graph
 from airstream.mode import resolve_mode
 from airstream.nodes import (
     AUTO_STREAMS_KEY,
+    CANDIDATES_KEY,
     GRAPH_KIND_KEY,
     GRAPH_KINDS,
     MEASUREMENT_KEY,
+    NAMES_KEY,
     graph_kind,
 )
 from airstream.observers import CompileObserver
@@ -56,7 +59,13 @@ from airstream.runtime.measured import (
 )
 from airstream.runtime.size_ranges import SizeRanges, size_ranges
 from airstream.schedule.torch_streams import lower_torch_streams, torch_streams_for
-from airstream.streams import STREAM_KEY, lower_streams, on_one_stream, uses_streams
+from airstream.streams import (
+    STREAM_KEY,
+    lower_streams,
+    on_one_stream,
+    on_streams,
+    uses_streams,
+)
 
 __all__ = ["GraphCompiler", "settle_streams"]
 
@@ -128,13 +137,18 @@ class GraphCompiler:
             static = torch_internals.static_input_indices() if kind != "backward" else None
             return cached_graph(saved, config, kind, executor, static)
         if measuring is not None:  # measured against one stream over the first calls
-            alone = finish_graph(
+            candidates = {PLACED: executor}
+            for name, graph in measuring.alternatives.items():  # auto_streams' other placements
+                candidates[name] = finish_graph(
+                    graph, config, kind, CompileObserver(), tuple(results)
+                )
+            candidates[ONE_STREAM] = finish_graph(
                 measuring.one_stream, config, kind, CompileObserver(), tuple(results)
             )
             options = config.stream_config
             sizes, store = measuring.sizes, measuring.store
             measured = MeasuredExecutor(
-                {PLACED: executor, ONE_STREAM: alone},
+                candidates,
                 options.measure_calls,
                 options.measure_min_gain,
                 sizes=sizes,
@@ -154,6 +168,7 @@ class _Measuring:
     before, by range."""
 
     one_stream: torch.fx.GraphModule
+    alternatives: dict[str, torch.fx.GraphModule]  # auto_streams' other placements, by name
     sizes: SizeRanges | None
     store: DecisionStore | None
     known: dict[str, Measurement]
@@ -170,7 +185,17 @@ def _measuring(gm: torch.fx.GraphModule, config: CompilerConfig, kind: str) -> _
     mode = resolve_mode(config, graph_device(gm).type)
     store = decision_store(gm, config, kind, mode, STREAM_KEY)
     known = store.load() if store is not None else {}
-    return _Measuring(on_one_stream(gm), sizes, store, known)
+    alternatives = {
+        f"auto_streams {name}": on_streams(gm, functools.partial(_label_in, name))
+        for name in gm.meta.get(NAMES_KEY, ())
+    }
+    return _Measuring(on_one_stream(gm), alternatives, sizes, store, known)
+
+
+def _label_in(candidate: str, node: torch.fx.Node) -> str | None:
+    """A node's stream in an alternative placement (auto_streams' candidates.py)."""
+    labels = node.meta.get(CANDIDATES_KEY)
+    return labels.get(candidate) if isinstance(labels, dict) else None
 
 
 def _measures(

@@ -32,7 +32,7 @@ from __future__ import annotations
 import copy
 import functools
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -446,13 +446,21 @@ _STREAM_STEPS = (scope_enter, scope_exit, record, wait, wait_tensor)
 
 
 def on_one_stream(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A copy of a lowered graph with every call on the main stream, sharing its parameters and
-    node values: the same program as one stream runs it, without the scope markers, records and
-    waits (``wait_tensor(x, dep)`` is ``x``), which would order nothing there and cut its
-    max-autotune segments short."""
-    one = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # node meta copied, values shared
-    one.meta.update(gm.meta)
-    graph = one.graph
+    """A copy of a lowered graph with every call on the main stream (:func:`on_streams`)."""
+    return on_streams(gm, lambda node: None)
+
+
+def on_streams(
+    gm: torch.fx.GraphModule, label_of: Callable[[torch.fx.Node], str | None]
+) -> torch.fx.GraphModule:
+    """A copy of a lowered graph, sharing its parameters and node values, with each call on the
+    stream ``label_of`` gives it (None: main) and without the scope markers, records and waits
+    (``wait_tensor(x, dep)`` is ``x``): the planner adds the syncs the new placement needs. On
+    one stream, the same program as one stream runs it, where markers would order nothing and
+    cut its max-autotune segments short."""
+    out = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # node meta copied, values shared
+    out.meta.update(gm.meta)
+    graph = out.graph
     for node in reversed(graph.nodes):  # users before what they use
         op = node.target if node.target in _STREAM_STEPS else air_op_for(node.target)
         if node.op == "call_function" and op in _STREAM_STEPS:
@@ -462,10 +470,10 @@ def on_one_stream(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
                 graph.erase_node(node)
                 continue
         if STREAM_KEY in node.meta:
-            node.meta[STREAM_KEY] = None
+            node.meta[STREAM_KEY] = label_of(node)
     graph.lint()
-    one.recompile()
-    return one
+    out.recompile()
+    return out
 
 
 def settle_annotations(gm: torch.fx.GraphModule) -> int:

@@ -81,11 +81,7 @@ def parse_config(name: str) -> tuple[str, str]:
 
 CONFIGS = (
     *(config_name("inference", p) for p in PLACEMENTS),
-    *(
-        config_name(run, p)
-        for run in RUNS[1:]
-        for p in ("none", "auto_streams", "auto_forced")
-    ),
+    *(config_name(run, p) for run in RUNS[1:] for p in ("none", "auto_streams", "auto_forced")),
 )
 MODES = ("default", "reduce-overhead", "max-autotune")
 

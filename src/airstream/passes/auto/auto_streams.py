@@ -53,6 +53,7 @@ from airstream.calibration import MachineCosts, machine_costs
 from airstream.effects import effects
 from airstream.nodes import AUTO_STREAMS_KEY
 from airstream.ops.library import is_air_op
+from airstream.passes.auto.candidates import Candidate, balanced_branches, record_alternatives
 from airstream.passes.auto.cost import CostModel, flops_cost, profile_cost
 from airstream.passes.auto.pricing import Pricer
 from airstream.passes.auto.roles import find_roles, place_roles
@@ -78,6 +79,8 @@ class AutoStreamsDecision:
     pattern: str = ""  # the structural roles placed, if any were
     declined: str = ""  # why structural roles found were not placed
     costs: str = "nominal"  # whose figures: "nominal" or "measured <when>"
+    # the other placements kept for measure_placement to time, with their predicted gains
+    alternatives: tuple[str, ...] = ()
 
     @property
     def predicted_gain(self) -> float:
@@ -88,10 +91,12 @@ class AutoStreamsDecision:
         verdict = "applied" if self.applied else "kept single stream"
         how = f" ({self.pattern})" if self.pattern else ""
         declined = f"; {self.declined}" if self.declined else ""
+        others = f"; alternatives to measure: {', '.join(self.alternatives)}"
         return (
             f"auto_streams: predicted {self.single_stream_seconds * 1e3:.3f} ms on one stream, "
             f"{self.multi_stream_seconds * 1e3:.3f} ms on {self.streams_used} "
             f"(gain {self.predicted_gain:.2f}x, {self.costs} costs): {verdict}{how}{declined}"
+            f"{others if self.alternatives else ''}"
         )
 
 
@@ -108,6 +113,17 @@ def _reorder(gm: torch.fx.GraphModule, start: dict[torch.fx.Node, float]) -> Non
         anchor.append(node)
         anchor = node
     gm.graph.lint()
+
+
+def _alternatives(
+    gm: torch.fx.GraphModule, single: float, others: Sequence[Candidate]
+) -> tuple[str, ...]:
+    """Record the other placements worth measuring (candidates.py); each in words."""
+    names = record_alternatives(gm, single, others)
+    predicted = {c.name: c.predicted for c in others}
+    return tuple(
+        f"{name} (predicted {single / max(predicted[name], 1e-12):.2f}x)" for name in names
+    )
 
 
 def _pinned(node: torch.fx.Node) -> bool:
@@ -179,9 +195,18 @@ def auto_streams(
         listed += figures.side_stream_seconds * (len(used) - 1)
         # the roles' placement (named, in graph order) unless the list schedule beats it by
         # more than the model's rounding
+        listing = Candidate(
+            "list schedule",
+            {n: s for n, s in where.items() if s != 0},
+            {s: f"auto_{s}" for s in used if s != 0},
+            listed,
+        )
+        roles_placed = Candidate("roles", placed.where, placed.labels, placed.predicted)
+        branches = balanced_branches(calls, cost, roles, figures, max_streams, max_tokens, pricer)
         if placed.placed and placed.predicted <= listed * (1 + _TIE):
             gain = single / max(placed.predicted, 1e-12)
             if gain >= min_gain:
+                others = [c for c in (listing, branches) if c is not None and c.where]
                 decision = AutoStreamsDecision(
                     single,
                     placed.predicted,
@@ -190,6 +215,7 @@ def auto_streams(
                     pattern=placed.describe(),
                     declined=declined,
                     costs=figures.source,
+                    alternatives=_alternatives(gm, single, others),
                 )
                 gm.meta[AUTO_STREAMS_KEY] = decision
                 log.info("%s", decision)
@@ -205,8 +231,15 @@ def auto_streams(
             )
             declined = f"{placed.describe()} {why}" + (f"; {declined}" if declined else "")
         applied = len(used) > 1 and single / max(listed, 1e-12) >= min_gain
+        others = [c for c in (roles_placed, branches) if c is not None and c.where]
         decision = AutoStreamsDecision(
-            single, listed, len(used), applied, declined=declined, costs=figures.source
+            single,
+            listed,
+            len(used),
+            applied,
+            declined=declined,
+            costs=figures.source,
+            alternatives=_alternatives(gm, single, others) if applied else (),
         )
         gm.meta[AUTO_STREAMS_KEY] = decision
         log.info("%s", decision)
