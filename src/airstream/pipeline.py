@@ -45,6 +45,7 @@ from airstream.nodes import (
 )
 from airstream.observers import CompileObserver
 from airstream.ops.torch_streams import TorchStreams
+from airstream.passes.auto.candidates import LIST_SCHEDULE, in_original_order
 from airstream.passes.manager import PassManager
 from airstream.passes.tagged_events import lower_tagged_events
 from airstream.runtime.capture_pool import CapturePool
@@ -185,10 +186,12 @@ def _measuring(gm: torch.fx.GraphModule, config: CompilerConfig, kind: str) -> _
     mode = resolve_mode(config, graph_device(gm).type)
     store = decision_store(gm, config, kind, mode, STREAM_KEY)
     known = store.load() if store is not None else {}
-    alternatives = {
-        f"auto_streams {name}": on_streams(gm, functools.partial(_label_in, name))
-        for name in gm.meta.get(NAMES_KEY, ())
-    }
+    alternatives = {}
+    for name in gm.meta.get(NAMES_KEY, ()):  # auto_streams' other placements, each in its order
+        graph = on_streams(gm, functools.partial(_label_in, name))
+        if name != LIST_SCHEDULE:
+            in_original_order(graph)
+        alternatives[f"auto_streams {name}"] = graph
     return _Measuring(on_one_stream(gm), alternatives, sizes, store, known)
 
 

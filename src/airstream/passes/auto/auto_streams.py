@@ -53,7 +53,13 @@ from airstream.calibration import MachineCosts, machine_costs
 from airstream.effects import effects
 from airstream.nodes import AUTO_STREAMS_KEY
 from airstream.ops.library import is_air_op
-from airstream.passes.auto.candidates import Candidate, balanced_branches, record_alternatives
+from airstream.passes.auto.candidates import (
+    LIST_SCHEDULE,
+    ORDER_KEY,
+    Candidate,
+    balanced_branches,
+    record_alternatives,
+)
 from airstream.passes.auto.cost import CostModel, flops_cost, profile_cost
 from airstream.passes.auto.pricing import Pricer
 from airstream.passes.auto.roles import find_roles, place_roles
@@ -107,6 +113,8 @@ def _reorder(gm: torch.fx.GraphModule, start: dict[torch.fx.Node, float]) -> Non
     if not nodes:
         return
     index = {n: i for i, n in enumerate(nodes)}
+    for node, i in index.items():  # the alternatives measured beside it run in this order
+        node.meta[ORDER_KEY] = i
     ordered = sorted(nodes, key=lambda n: (start.get(n, 0.0), index[n]))
     anchor = nodes[0].prev
     for node in ordered:
@@ -196,7 +204,7 @@ def auto_streams(
         # the roles' placement (named, in graph order) unless the list schedule beats it by
         # more than the model's rounding
         listing = Candidate(
-            "list schedule",
+            LIST_SCHEDULE,
             {n: s for n, s in where.items() if s != 0},
             {s: f"auto_{s}" for s in used if s != 0},
             listed,

@@ -14,16 +14,24 @@ An alternative is written into each node's meta (``nodes.CANDIDATES_KEY``: name 
 no entry: main), which survives the passes after it as every key does (a node a pass makes in
 place of another copies its meta), and the names into the graph's meta (``nodes.NAMES_KEY``), in
 predicted order. :func:`airstream.streams.on_streams` builds each as a graph of its own.
+
+The list schedule reorders the graph by predicted start. The other placements were made for
+the graph's own order: interleaved by the list schedule, a stream reaches the sum of two
+branches before its own branch and waits. So where the list schedule applied, each node keeps
+its place before (:data:`ORDER_KEY`) and :func:`in_original_order` puts an alternative's graph
+back in it.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch.fx
 
 from airstream.calibration import MachineCosts
+from airstream.effects import effects
 from airstream.nodes import CANDIDATES_KEY, NAMES_KEY
 from airstream.passes.auto.pricing import Pricer
 from airstream.passes.auto.roles import Role
@@ -31,14 +39,20 @@ from airstream.passes.auto.simulate import makespan
 
 __all__ = [
     "MAX_ALTERNATIVES",
+    "LIST_SCHEDULE",
+    "ORDER_KEY",
     "Candidate",
     "balanced_branches",
+    "in_original_order",
+    "with_private_inputs",
     "record_alternatives",
 ]
 
 Node = torch.fx.Node
 
 MAX_ALTERNATIVES = 2  # each costs a compile and its share of the measured first calls
+LIST_SCHEDULE = "list schedule"
+ORDER_KEY = "air_auto_order"  # node.meta: its place before the list schedule reordered the graph
 
 
 @dataclass(frozen=True)
@@ -68,7 +82,8 @@ def balanced_branches(
         if role.kind != "proj" or role.tokens > max_tokens or len(role.options) < 2:
             continue
         load = [0.0] * max_streams
-        for branch in sorted(role.options, key=lambda b: -sum(cost.get(n, 0.0) for n in b)):
+        branches = [with_private_inputs(b) for b in role.options]
+        for branch in sorted(branches, key=lambda b: -sum(cost.get(n, 0.0) for n in b)):
             stream = min(range(max_streams), key=load.__getitem__)
             load[stream] += sum(cost.get(n, 0.0) for n in branch)
             where.update(dict.fromkeys(branch, stream))
@@ -80,6 +95,22 @@ def balanced_branches(
     predicted += figures.side_stream_seconds * len(used)
     labels = {s: f"auto_branch_{s}" for s in used}
     return Candidate("balanced branches", moved, labels, predicted)
+
+
+def with_private_inputs(branch: Sequence[Node]) -> set[Node]:
+    """``branch`` and the ops only it reads (a weight's transpose, a view), so that moving the
+    branch moves them too: left behind, each is a sync, and one the main stream reaches only
+    after the work before it in graph order."""
+    nodes = set(branch)
+    stack = list(branch)
+    while stack:
+        for source in stack.pop().all_input_nodes:
+            if source.op != "call_function" or source in nodes or effects(source).ordered:
+                continue
+            if all(user in nodes for user in source.users):
+                nodes.add(source)
+                stack.append(source)
+    return nodes
 
 
 def record_alternatives(
@@ -98,3 +129,41 @@ def record_alternatives(
     names = [c.name for c in kept]
     gm.meta[NAMES_KEY] = names
     return names
+
+
+def in_original_order(gm: torch.fx.GraphModule) -> bool:
+    """Put a graph the list schedule reordered back in its order before (each node's
+    :data:`ORDER_KEY`; a node made later goes right after its latest input), as far as its
+    inputs allow; whether it moved anything. Left as it is where any op's order carries meaning
+    (a write, an RNG op): only data dependencies are kept here."""
+    nodes = [n for n in gm.graph.nodes if n.op in ("call_function", "get_attr")]
+    if not any(ORDER_KEY in n.meta for n in nodes):
+        return False
+    if any(n.op == "call_function" and effects(n).ordered for n in nodes):
+        return False
+    position = {n: i for i, n in enumerate(nodes)}
+    key: dict[Node, tuple[float, int]] = {}
+    for node in nodes:  # graph order: every input's key is known
+        stamped = node.meta.get(ORDER_KEY)
+        inherited = max((key[i][0] for i in node.all_input_nodes if i in key), default=-1.0)
+        key[node] = (float(stamped) if stamped is not None else inherited, position[node])
+    waiting = {n: sum(1 for i in n.all_input_nodes if i in position) for n in nodes}
+    ready = [(key[n], n.name) for n in nodes if waiting[n] == 0]
+    by_name = {n.name: n for n in nodes}
+    heapq.heapify(ready)
+    ordered: list[Node] = []
+    while ready:
+        node = by_name[heapq.heappop(ready)[1]]
+        ordered.append(node)
+        for user in node.users:
+            if user in waiting:
+                waiting[user] -= 1
+                if waiting[user] == 0:
+                    heapq.heappush(ready, (key[user], user.name))
+    anchor = nodes[0].prev
+    for node in ordered:
+        anchor.append(node)
+        anchor = node
+    gm.graph.lint()
+    gm.recompile()
+    return ordered != nodes
