@@ -132,7 +132,7 @@ class DecisionStore:
 
 def _write(path: Path, value: Any) -> None:
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(value, indent=1, sort_keys=True))
+    tmp.write_text(json.dumps(value, indent=1))  # in order: the candidates as measured
     tmp.replace(path)  # whole or not at all: a reader never sees half a file
 
 

@@ -126,7 +126,9 @@ class GraphCompiler:
         if measuring is not None and measuring.settled is not None:
             # a static graph an earlier process decided: only the candidate it kept compiles
             settled = measuring.settled
-            graph = measuring.one_stream if settled.chosen == ONE_STREAM else gm
+            graph = {ONE_STREAM: measuring.one_stream, **measuring.alternatives}.get(
+                str(settled.chosen), gm
+            )
             graph.meta[MEASUREMENT_KEY] = Measurements("", {ALL_SIZES: settled}, ALL_SIZES)
             return finish_graph(
                 graph, config, kind, observer, tuple(results), capture_pool=self.capture_pool
@@ -165,19 +167,16 @@ class GraphCompiler:
 @dataclass(frozen=True)
 class _Measuring:
     """What measuring a placed graph needs, taken before it is fused: the graph on one stream,
-    its size ranges (None: static), where its decisions are kept (None: nowhere) and those kept
-    before, by range."""
+    auto_streams' alternatives (by candidate name), its size ranges (None: static), where its
+    decisions are kept (None: nowhere), those kept before (by range), and a static graph's
+    decision kept before (``settled``: then only the candidate it kept is built)."""
 
     one_stream: torch.fx.GraphModule
-    alternatives: dict[str, torch.fx.GraphModule]  # auto_streams' other placements, by name
+    alternatives: dict[str, torch.fx.GraphModule]
     sizes: SizeRanges | None
     store: DecisionStore | None
     known: dict[str, Measurement]
-
-    @property
-    def settled(self) -> Measurement | None:
-        """A static graph's stored decision (a dynamic one may meet new ranges)."""
-        return self.known.get(ALL_SIZES) if self.sizes is None else None
+    settled: Measurement | None
 
 
 def _measuring(gm: torch.fx.GraphModule, config: CompilerConfig, kind: str) -> _Measuring:
@@ -186,13 +185,19 @@ def _measuring(gm: torch.fx.GraphModule, config: CompilerConfig, kind: str) -> _
     mode = resolve_mode(config, graph_device(gm).type)
     store = decision_store(gm, config, kind, mode, STREAM_KEY)
     known = store.load() if store is not None else {}
+    names = {f"auto_streams {name}": name for name in gm.meta.get(NAMES_KEY, ())}
+    settled = known.get(ALL_SIZES) if sizes is None else None
+    if settled is not None and settled.chosen not in (PLACED, ONE_STREAM, *names):
+        settled = None  # kept for candidates this compile does not have: measured again
     alternatives = {}
-    for name in gm.meta.get(NAMES_KEY, ()):  # auto_streams' other placements, each in its order
+    for candidate, name in names.items():
+        if settled is not None and settled.chosen != candidate:
+            continue  # decided before: only what was kept is built
         graph = on_streams(gm, functools.partial(_label_in, name))
         if name != LIST_SCHEDULE:
             in_original_order(graph)
-        alternatives[f"auto_streams {name}"] = graph
-    return _Measuring(on_one_stream(gm), alternatives, sizes, store, known)
+        alternatives[candidate] = graph
+    return _Measuring(on_one_stream(gm), alternatives, sizes, store, known, settled)
 
 
 def _label_in(candidate: str, node: torch.fx.Node) -> str | None:

@@ -124,10 +124,10 @@ def _reorder(gm: torch.fx.GraphModule, start: dict[torch.fx.Node, float]) -> Non
 
 
 def _alternatives(
-    gm: torch.fx.GraphModule, single: float, others: Sequence[Candidate]
+    gm: torch.fx.GraphModule, single: float, others: Sequence[Candidate], most: int
 ) -> tuple[str, ...]:
     """Record the other placements worth measuring (candidates.py); each in words."""
-    names = record_alternatives(gm, single, others)
+    names = record_alternatives(gm, single, others, most)
     predicted = {c.name: c.predicted for c in others}
     return tuple(
         f"{name} (predicted {single / max(predicted[name], 1e-12):.2f}x)" for name in names
@@ -149,8 +149,13 @@ def auto_streams(
     min_gain: float = 1.05,
     max_tokens: int = 256,
     costs: str | MachineCosts | None = None,
+    alternatives: int = 1,
 ) -> Any:
     """A pass assigning streams by structure, then list scheduling; see the module docstring.
+
+    ``alternatives``: how many other placements (the roles, the list schedule, balanced
+    branches; ``candidates.py``) to propose beside the one applied, for
+    ``stream_config.measure_placement`` to time against it; each costs a compile.
 
     ``costs``: the machine's figures (``airstream.calibration``): ``"measured"`` (on this
     machine, cached), ``"nominal"``, a :class:`MachineCosts`, or None for ``$AIRSTREAM_COSTS``
@@ -161,6 +166,8 @@ def auto_streams(
         )
     if max_streams < 1:
         raise ValueError(f"auto_streams: max_streams must be >= 1, got {max_streams}")
+    if alternatives < 0:
+        raise ValueError(f"auto_streams: alternatives must be >= 0, got {alternatives}")
     if max_tokens < 1:
         raise ValueError(f"auto_streams: max_tokens must be >= 1, got {max_tokens}")
     if isinstance(costs, str) and costs not in ("measured", "nominal"):
@@ -223,7 +230,7 @@ def auto_streams(
                     pattern=placed.describe(),
                     declined=declined,
                     costs=figures.source,
-                    alternatives=_alternatives(gm, single, others),
+                    alternatives=_alternatives(gm, single, others, alternatives),
                 )
                 gm.meta[AUTO_STREAMS_KEY] = decision
                 log.info("%s", decision)
@@ -247,7 +254,7 @@ def auto_streams(
             applied,
             declined=declined,
             costs=figures.source,
-            alternatives=_alternatives(gm, single, others) if applied else (),
+            alternatives=_alternatives(gm, single, others, alternatives) if applied else (),
         )
         gm.meta[AUTO_STREAMS_KEY] = decision
         log.info("%s", decision)

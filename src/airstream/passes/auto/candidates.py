@@ -4,8 +4,9 @@
 The cost table orders placements; it cannot rank close ones reliably (a list schedule that
 interleaves eight experts over two streams is predicted faster than each expert kept whole on one
 stream, and on a 2-core VM measures 1.32x of one stream against 1.47x). So besides the placement
-it applies, ``auto_streams`` keeps up to :data:`MAX_ALTERNATIVES` others whose predicted time is
-no worse than one stream's: the structural roles, the list schedule, and **balanced branches**:
+it applies, ``auto_streams`` keeps up to ``alternatives`` others (default 1: each costs a compile
+and its share of the measured first calls) whose predicted time is no worse than one stream's,
+the best predicted first, from: the structural roles, the list schedule, and **balanced branches**:
 each group of parallel branches (``patterns.parallel_projections``: experts reading one
 activation, Q/K/V, gate and up) split whole over ``max_streams`` streams, longest branch first to
 the least loaded stream (LPT), which is what ``moe_experts`` does by module name.
@@ -38,7 +39,6 @@ from airstream.passes.auto.roles import Role
 from airstream.passes.auto.simulate import makespan
 
 __all__ = [
-    "MAX_ALTERNATIVES",
     "LIST_SCHEDULE",
     "ORDER_KEY",
     "Candidate",
@@ -50,7 +50,6 @@ __all__ = [
 
 Node = torch.fx.Node
 
-MAX_ALTERNATIVES = 2  # each costs a compile and its share of the measured first calls
 LIST_SCHEDULE = "list schedule"
 ORDER_KEY = "air_auto_order"  # node.meta: its place before the list schedule reordered the graph
 
@@ -114,12 +113,12 @@ def with_private_inputs(branch: Sequence[Node]) -> set[Node]:
 
 
 def record_alternatives(
-    gm: torch.fx.GraphModule, single: float, alternatives: Sequence[Candidate]
+    gm: torch.fx.GraphModule, single: float, alternatives: Sequence[Candidate], most: int
 ) -> list[str]:
-    """Write the alternatives no slower than one stream by prediction (the fastest
-    :data:`MAX_ALTERNATIVES`) into the graph; their names, in predicted order."""
+    """Write the alternatives no slower than one stream by prediction (the fastest ``most``)
+    into the graph; their names, in predicted order."""
     kept = sorted((c for c in alternatives if c.predicted <= single), key=lambda c: c.predicted)
-    kept = kept[:MAX_ALTERNATIVES]
+    kept = kept[:most]
     for node in gm.graph.nodes:
         node.meta.pop(CANDIDATES_KEY, None)
     for candidate in kept:
