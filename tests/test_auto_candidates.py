@@ -90,7 +90,9 @@ def test_balanced_branches_keep_each_expert_whole_on_one_stream_in_graph_order(
     assert all(n.meta.get(STREAM_KEY) is None for n in one.graph.nodes)
     measured = graph_of(backend, "inference").measurement
     assert measured is not None and measured.chosen is not None
-    assert list(measured.seconds) == [ONE_STREAM, PLACED, BALANCED]
+    # simplest first: the balanced branches hand fewer values between streams than the list
+    # schedule's interleaving, so a gain of the list schedule must be measured against them
+    assert list(measured.seconds) == [ONE_STREAM, BALANCED, PLACED]
     assert all(len(v) == 2 for v in measured.seconds.values())
 
 

@@ -308,6 +308,18 @@ def test_a_stored_decision_is_kept_without_measuring() -> None:
     assert measured.measurements.ranges["prefill"].chosen is None
 
 
+def test_a_more_complex_placement_must_beat_a_simpler_one_by_the_gain() -> None:
+    # simplest first: "balanced" passes against one stream; "interleaved" is 2% faster than it,
+    # within noise, so the simpler one stays; at 10% faster the complex one is kept
+    for interleaved, kept in ((7.84, "balanced"), (7.2, "interleaved")):
+        m = Measurement(
+            3,
+            0.05,
+            {ONE_STREAM: [10, 10, 10], "balanced": [8, 8, 8], "interleaved": [interleaved] * 3},
+        )
+        assert decide(m)[0] == kept
+
+
 def test_a_decision_reads_back_as_it_was_stored() -> None:
     m = Measurement(
         2, 0.05, {ONE_STREAM: [0.01, 0.02], PLACED: [0.005, 0.006]}, size_range="s0 in 4..7"

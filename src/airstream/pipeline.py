@@ -145,6 +145,8 @@ class GraphCompiler:
                 candidates[name] = finish_graph(
                     graph, config, kind, CompileObserver(), tuple(results)
                 )
+            # simplest first: a placement must beat a simpler one (measured.decide)
+            candidates = dict(sorted(candidates.items(), key=lambda c: measuring.crossings[c[0]]))
             candidates[ONE_STREAM] = finish_graph(
                 measuring.one_stream, config, kind, CompileObserver(), tuple(results)
             )
@@ -177,6 +179,20 @@ class _Measuring:
     store: DecisionStore | None
     known: dict[str, Measurement]
     settled: Measurement | None
+    crossings: dict[str, int]  # each placement's values handed between streams
+
+
+def _crossings(gm: torch.fx.GraphModule) -> int:
+    """How many (value, reader) pairs of a placement are on different streams: the syncs it
+    asks for, before the planner drops those earlier waits imply."""
+    return sum(
+        1
+        for node in gm.graph.nodes
+        for user in node.users
+        if STREAM_KEY in node.meta
+        and STREAM_KEY in user.meta
+        and node.meta[STREAM_KEY] != user.meta[STREAM_KEY]
+    )
 
 
 def _measuring(gm: torch.fx.GraphModule, config: CompilerConfig, kind: str) -> _Measuring:
@@ -197,7 +213,8 @@ def _measuring(gm: torch.fx.GraphModule, config: CompilerConfig, kind: str) -> _
         if name != LIST_SCHEDULE:
             in_original_order(graph)
         alternatives[candidate] = graph
-    return _Measuring(on_one_stream(gm), alternatives, sizes, store, known, settled)
+    crossings = {PLACED: _crossings(gm), **{k: _crossings(g) for k, g in alternatives.items()}}
+    return _Measuring(on_one_stream(gm), alternatives, sizes, store, known, settled, crossings)
 
 
 def _label_in(candidate: str, node: torch.fx.Node) -> str | None:

@@ -11,9 +11,10 @@ placement is kept only if it wins by ``min_gain`` on the medians (one stream's m
 placement's at least ``1 + min_gain``) and in at least two thirds of the pairs of timed calls
 (the i-th timed call of each: a paired sign test: one spike on one side, a busy moment for the
 machine, moves a median little and a pair count not at all, and drift in the machine's load hits
-both calls of a pair alike); of the placements that pass, the fastest. Otherwise one stream runs
-from then on. Every call returns its candidate's result, so results never depend on the
-decision.
+both calls of a pair alike); of the placements that pass, taken simplest first (the candidates'
+order: fewest syncs first), one more complex is kept only where its median beats the simpler
+one's by ``min_gain`` too. Otherwise one stream runs from then on. Every call returns its
+candidate's result, so results never depend on the decision.
 
 A graph compiled with a dynamic size (``s0`` tokens) has a decision per size range
 (:mod:`airstream.runtime.size_ranges`: decode and prefill differ), chosen at each call by the
@@ -134,29 +135,31 @@ class Measurements:
 
 
 def decide(measurement: Measurement) -> tuple[str, str]:
-    """The candidate to keep and why, from ``calls`` timed calls of each."""
+    """The candidate to keep and why, from ``calls`` timed calls of each. The candidates are
+    taken simplest first (one stream, then in the order given: fewest syncs first), and one is
+    kept only where it passes against one stream (``min_gain`` on the medians and two thirds of
+    the pairs) and its median also beats the simpler one kept so far by ``min_gain``: a
+    placement that is not measurably faster than a simpler one is noise, not a gain."""
     seconds = measurement.seconds
     one = seconds[ONE_STREAM]
     needed = 1 + measurement.min_gain
     words: list[str] = []
-    best: tuple[float, str] | None = None
+    best, best_median = ONE_STREAM, statistics.median(one)
     for name, times in seconds.items():
         if name == ONE_STREAM:
             continue
-        speedup = statistics.median(one) / statistics.median(times)
+        median = statistics.median(times)
+        speedup = statistics.median(one) / median
         wins = sum(p < o for o, p in zip(one, times, strict=False))
         pairs = min(len(one), len(times))
         text = f"{speedup:.2f}x of one stream, faster in {wins} of {pairs} pairs of calls"
         words.append(text if len(seconds) == 2 else f"{name} {text}")
-        if (
-            speedup >= needed
-            and wins >= _PAIR_SHARE * pairs
-            and (best is None or speedup > best[0])
-        ):
-            best = (speedup, name)
+        passes = speedup >= needed and wins >= _PAIR_SHARE * pairs
+        if passes and best_median / median >= needed:
+            best, best_median = name, median
     said = "; ".join(words)
-    if best is not None:
-        return best[1], said
+    if best != ONE_STREAM:
+        return best, said
     return ONE_STREAM, f"{said} (needs {needed:.2f}x and {_PAIR_SHARE:.0%} of the pairs)"
 
 
