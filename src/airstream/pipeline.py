@@ -45,7 +45,7 @@ from airstream.nodes import (
 )
 from airstream.observers import CompileObserver
 from airstream.ops.torch_streams import TorchStreams
-from airstream.passes.auto.candidates import LIST_SCHEDULE, in_original_order
+from airstream.passes.auto.candidates import LIST_SCHEDULE, in_original_order, measured_here
 from airstream.passes.manager import PassManager
 from airstream.passes.tagged_events import lower_tagged_events
 from airstream.runtime.capture_pool import CapturePool
@@ -229,7 +229,6 @@ def _measures(
     """Whether ``stream_config.measure_placement`` measures this graph: a CPU inference graph
     the passes (with ``"auto"``: auto_streams) put on several streams, run by streams (no debug
     executor, not saved ahead of time: an entry on disk holds one executor)."""
-    debug = config.debug
     setting = config.stream_config.measure_placement
     decision = gm.meta.get(AUTO_STREAMS_KEY)
     auto_placed = decision is not None and bool(getattr(decision, "applied", False))
@@ -237,8 +236,6 @@ def _measures(
         (setting is True or (setting == "auto" and auto_placed))
         and kind == "inference"
         and saved is None
-        and not debug.run_eagerly
-        and debug.data_dump.type is None
-        and graph_device(gm).type == "cpu"
+        and measured_here(gm, config)
         and uses_streams(gm)
     )

@@ -40,6 +40,7 @@ After (``max_streams=2``)::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import operator
 from collections.abc import Sequence
@@ -56,9 +57,12 @@ from airstream.ops.library import is_air_op
 from airstream.passes.auto.candidates import (
     LIST_SCHEDULE,
     ORDER_KEY,
+    SHARED_EXPERTS,
     Candidate,
     balanced_branches,
+    measured_here,
     record_alternatives,
+    shared_experts_beside,
 )
 from airstream.passes.auto.cost import CostModel, flops_cost, profile_cost
 from airstream.passes.auto.pricing import Pricer
@@ -72,6 +76,9 @@ __all__ = ["AutoStreamsDecision", "auto_streams"]
 log = logging.getLogger("airstream.passes")
 
 _TIE = 0.01  # predictions within 1% are a tie: the roles' placement is kept
+# where the first calls will measure, a placement priced at least this close to one stream is
+# proposed though under min_gain: the table's error on this machine is larger than the gap
+_PROPOSE = 0.95
 
 
 @dataclass(frozen=True)
@@ -121,6 +128,40 @@ def _reorder(gm: torch.fx.GraphModule, start: dict[torch.fx.Node, float]) -> Non
         anchor.append(node)
         anchor = node
     gm.graph.lint()
+
+
+def _propose(
+    gm: torch.fx.GraphModule,
+    calls: Sequence[torch.fx.Node],
+    declined: AutoStreamsDecision,
+    proposals: Sequence[Candidate],
+    most: int,
+    listing: Candidate,
+) -> None:
+    """Apply the best-priced proposal for measure_placement to time against one stream (and
+    the others, as alternatives), though the cost table priced it under ``min_gain``."""
+    # the shared experts first (serving stacks place them by hand, and the table prices their
+    # overlap with routing worst), else the best priced
+    best = (
+        proposals[0]
+        if proposals[0].name == SHARED_EXPERTS
+        else min(proposals, key=lambda c: c.predicted)
+    )
+    single = declined.single_stream_seconds
+    others = [c for c in (*proposals, listing) if c is not best and c.where]
+    gain = single / max(best.predicted, 1e-12)
+    decision = dataclasses.replace(
+        declined,
+        multi_stream_seconds=best.predicted,
+        streams_used=1 + len(best.labels),
+        applied=True,
+        pattern=f"{best.name}, to be measured (predicted {gain:.2f}x, under min_gain)",
+        alternatives=_alternatives(gm, single, others, most),
+    )
+    gm.meta[AUTO_STREAMS_KEY] = decision
+    log.info("%s", decision)
+    for index, label in best.labels.items():
+        place_on_stream(gm, [n for n in calls if best.where.get(n) == index], label)
 
 
 def _alternatives(
@@ -256,6 +297,15 @@ def auto_streams(
             costs=figures.source,
             alternatives=_alternatives(gm, single, others, alternatives) if applied else (),
         )
+        if not applied and measured_here(gm, cfg):
+            # the cost table declines, and the first calls will measure: the placement it
+            # prices best is proposed anyway, and kept only where it measures faster
+            shared = shared_experts_beside(calls, cost, roles, figures, max_tokens, pricer)
+            proposals = [c for c in (shared, roles_placed, branches) if c is not None and c.where]
+            proposals = [c for c in proposals if single / max(c.predicted, 1e-12) >= _PROPOSE]
+            if proposals:
+                _propose(gm, calls, decision, proposals, alternatives, listing)
+                return
         gm.meta[AUTO_STREAMS_KEY] = decision
         log.info("%s", decision)
         if not applied:

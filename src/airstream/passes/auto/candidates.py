@@ -28,12 +28,15 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch.fx
 
+from airstream import torch_internals
 from airstream.calibration import MachineCosts
+from airstream.devices import graph_device
 from airstream.effects import effects
-from airstream.nodes import CANDIDATES_KEY, NAMES_KEY
+from airstream.nodes import CANDIDATES_KEY, NAMES_KEY, graph_kind
 from airstream.passes.auto.pricing import Pricer
 from airstream.passes.auto.roles import Role
 from airstream.passes.auto.simulate import makespan
@@ -41,8 +44,11 @@ from airstream.passes.auto.simulate import makespan
 __all__ = [
     "LIST_SCHEDULE",
     "ORDER_KEY",
+    "SHARED_EXPERTS",
     "Candidate",
     "balanced_branches",
+    "measured_here",
+    "shared_experts_beside",
     "in_original_order",
     "with_private_inputs",
     "record_alternatives",
@@ -51,6 +57,7 @@ __all__ = [
 Node = torch.fx.Node
 
 LIST_SCHEDULE = "list schedule"
+SHARED_EXPERTS = "shared experts"
 ORDER_KEY = "air_auto_order"  # node.meta: its place before the list schedule reordered the graph
 
 
@@ -94,6 +101,47 @@ def balanced_branches(
     predicted += figures.side_stream_seconds * len(used)
     labels = {s: f"auto_branch_{s}" for s in used}
     return Candidate("balanced branches", moved, labels, predicted)
+
+
+def measured_here(gm: torch.fx.GraphModule, config: Any) -> bool:
+    """Whether ``stream_config.measure_placement`` can measure this graph once placed: it is
+    not off, and the graph is a CPU inference graph run by streams (no debug executor, not
+    compiled ahead of time: an entry on disk holds one executor). ``config`` None or without
+    the options (a pass called by hand): no."""
+    options = getattr(config, "stream_config", None)
+    debug = getattr(config, "debug", None)
+    if options is None or debug is None or options.measure_placement is False:
+        return False
+    return (
+        graph_kind(gm) == "inference"
+        and not torch_internals.bundling_compile()
+        and not debug.run_eagerly
+        and debug.data_dump.type is None
+        and graph_device(gm).type == "cpu"
+    )
+
+
+def shared_experts_beside(
+    calls: Sequence[Node],
+    cost: dict[Node, float],
+    roles: Sequence[Role],
+    figures: MachineCosts,
+    max_tokens: int,
+    pricer: Pricer,
+) -> Candidate | None:
+    """Every shared expert (within ``max_tokens``) on one side stream, with the ops only it
+    reads: what serving stacks place by hand, proposed whole even where the cost table
+    prices each one alone at no gain."""
+    where: dict[Node, int] = {}
+    for role in roles:
+        if role.kind == "shared" and role.tokens <= max_tokens:
+            where.update(dict.fromkeys(with_private_inputs(role.options[0]), 1))
+    if not where:
+        return None
+    predicted = makespan(calls, cost, where, figures, pricer.waits(where))
+    return Candidate(
+        "shared experts", where, {1: "auto_shared"}, predicted + figures.side_stream_seconds
+    )
 
 
 def with_private_inputs(branch: Sequence[Node]) -> set[Node]:
