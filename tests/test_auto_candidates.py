@@ -139,3 +139,51 @@ def test_a_kept_alternative_is_the_only_graph_a_later_compile_builds(
     compiled, backend = compile_model(model, _config())
     _run(compiled, model, 2)
     assert len(finished) == 3
+
+
+def test_where_the_table_declines_the_shared_experts_are_proposed_for_measuring() -> None:
+    from airstream.selftest.models import ARCHS
+
+    arch = ARCHS["qwen2_moe"]
+    model = arch.build().eval()
+    ids = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+    for measure in ("auto", False):
+        config = airstream.CompilerConfig()
+        # min_gain out of reach: the cost table alone never places anything
+        config.post_grad_custom_pre_pass = passes.auto_streams(min_gain=10, costs="nominal")
+        config.stream_config.measure_placement = measure
+        config.stream_config.measure_calls = 2
+        torch.compiler.reset()
+        compiled, backend = compile_model(model, config)
+        with torch.no_grad():
+            for _ in range(4 * 2 * 2):
+                assert_same(compiled(input_ids=ids).logits, want, rtol=1e-4, atol=1e-5)
+        graph = graph_of(backend, "inference")
+        decision = graph.graph_module.meta["airstream_auto_streams"]
+        labels = {n.meta.get(STREAM_KEY) for n in graph.graph_module.graph.nodes} - {None}
+        if measure is False:  # nothing would measure it: the table's word stands
+            assert not decision.applied and labels == set() and graph.measurement is None
+            continue
+        assert decision.applied and decision.pattern.startswith("shared experts, to be measured")
+        assert labels == {"auto_shared"}
+        shared = [n for n in graph.graph_module.graph.nodes if n.meta.get(STREAM_KEY)]
+        paths = [module_paths(n)[-1] for n in shared]
+        # the shared expert and its gate, beside the routed experts, which stay on main
+        assert all(".mlp" in p and ".experts." not in p for p in paths), paths
+        assert any(".shared_expert.down_proj" in p for p in paths)
+        measured = graph.measurement
+        assert measured is not None and measured.chosen is not None
+
+
+@pytest.mark.usefixtures("default_mode")
+def test_in_the_default_mode_every_candidate_runs_its_own_segments() -> None:
+    model = MoE(4, 256).eval()
+    compiled, backend = compile_model(model, _config())
+    _run(compiled, model, 4 * 2 * 3)
+    graph = graph_of(backend, "inference")
+    assert graph.mode == "max-autotune" and graph.fallbacks == 0
+    measured = graph.measurement
+    assert measured is not None and set(measured.seconds) == {ONE_STREAM, PLACED, BALANCED}
+    assert measured.chosen is not None
