@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -100,6 +101,17 @@ def default_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     """The mode users get: ``AIRSTREAM_MODE`` unset, so a config left at ``mode="default"``
     compiles as it does for them (Inductor segments on CPU)."""
     monkeypatch.delenv("AIRSTREAM_MODE", raising=False)
+
+
+@pytest.fixture
+def sigint_raises() -> Any:
+    """SIGINT raises KeyboardInterrupt in the main thread for the test, as in an interactive
+    process. A process started in the background by a non-interactive shell (``cmd &``, as CI
+    scripts do) inherits SIGINT ignored, and Python then installs no handler: a test of Ctrl-C
+    would see nothing arrive."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(autouse=True)

@@ -157,6 +157,7 @@ _CTRL_C = "tests/test_handoff.py::test_ctrl_c_reaches_a_caller_waiting_at_the_jo
     ],
 )
 @pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs signal.pthread_kill")
+@pytest.mark.usefixtures("sigint_raises")
 def test_ctrl_c_reaches_a_caller_waiting_at_the_join(
     kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -193,6 +193,7 @@ class _SlowSide(torch.nn.Module):
         return a + x
 
 
+@pytest.mark.usefixtures("sigint_raises")
 def test_interrupting_a_blocked_caller_leaves_no_worker_blocked() -> None:
     compiled, _ = compile_model(_SlowSide())
     x = torch.rand(4)
