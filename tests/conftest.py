@@ -114,6 +114,23 @@ def sigint_raises() -> Any:
     signal.signal(signal.SIGINT, previous)
 
 
+@pytest.fixture
+def finished_graphs(monkeypatch: pytest.MonkeyPatch) -> list[torch.fx.GraphModule]:
+    """Every graph a compile finishes, in order (:func:`airstream.finish.finish_graph` as the
+    pipeline calls it: the placement, each candidate measured beside it, one stream)."""
+    import airstream.pipeline as pipeline
+
+    graphs: list[torch.fx.GraphModule] = []
+    finish = pipeline.finish_graph
+
+    def keep(gm: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
+        graphs.append(gm)
+        return finish(gm, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "finish_graph", keep)
+    return graphs
+
+
 @pytest.fixture(autouse=True)
 def _reset_dynamo() -> Any:
     torch.compiler.reset()

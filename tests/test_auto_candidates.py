@@ -14,7 +14,6 @@ import torch
 from tests.conftest import assert_same, compile_model, graph_of
 
 import airstream
-import airstream.pipeline as pipeline
 from airstream import passes
 from airstream.bench.moe import MoE
 from airstream.decisions import list_decisions
@@ -33,20 +32,6 @@ def _config(**kw: Any) -> airstream.CompilerConfig:
     return config
 
 
-@pytest.fixture
-def finished(monkeypatch: pytest.MonkeyPatch) -> list[torch.fx.GraphModule]:
-    """Every graph the compile finishes (the placement, each alternative, one stream)."""
-    graphs: list[torch.fx.GraphModule] = []
-    finish = pipeline.finish_graph
-
-    def keep(gm: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
-        graphs.append(gm)
-        return finish(gm, *args, **kwargs)
-
-    monkeypatch.setattr(pipeline, "finish_graph", keep)
-    return graphs
-
-
 def _expert(node: torch.fx.Node) -> int | None:
     for path in module_paths(node):
         parts = path.split(".")
@@ -63,14 +48,14 @@ def _run(compiled: Any, model: torch.nn.Module, calls: int) -> None:
 
 
 def test_balanced_branches_keep_each_expert_whole_on_one_stream_in_graph_order(
-    finished: list[torch.fx.GraphModule],
+    finished_graphs: list[torch.fx.GraphModule],
 ) -> None:
     model = MoE(4, 256).eval()
     compiled, backend = compile_model(model, _config())
     _run(compiled, model, 4 * 2 * 3)  # 3 candidates, 2 timed calls each after an untimed one
     decision = graph_of(backend, "inference").graph_module.meta["airstream_auto_streams"]
     assert decision.applied and decision.alternatives[0].startswith("balanced branches")
-    placed, balanced, one = finished  # the placement, its alternative, one stream
+    placed, balanced, one = finished_graphs  # the placement, its alternative, one stream
     streams: dict[int, set[Any]] = {}
     for node in balanced.graph.nodes:
         expert = _expert(node)
@@ -97,19 +82,19 @@ def test_balanced_branches_keep_each_expert_whole_on_one_stream_in_graph_order(
 
 
 def test_no_alternative_is_proposed_when_asked_for_none(
-    finished: list[torch.fx.GraphModule],
+    finished_graphs: list[torch.fx.GraphModule],
 ) -> None:
     model = MoE(4, 256).eval()
     compiled, backend = compile_model(model, _config(alternatives=0))
     _run(compiled, model, 1)
     assert graph_of(backend, "inference").graph_module.meta["airstream_auto_streams"].applied
-    assert len(finished) == 2  # the placement and one stream
+    assert len(finished_graphs) == 2  # the placement and one stream
     with pytest.raises(ValueError, match="alternatives must be >= 0"):
         passes.auto_streams(alternatives=-1)
 
 
 def test_a_kept_alternative_is_the_only_graph_a_later_compile_builds(
-    finished: list[torch.fx.GraphModule], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    finished_graphs: list[torch.fx.GraphModule], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("AIRSTREAM_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("AIRSTREAM_DECISIONS", "disk")
@@ -123,10 +108,10 @@ def test_a_kept_alternative_is_the_only_graph_a_later_compile_builds(
     path.write_text(json.dumps(entry))
 
     torch.compiler.reset()
-    finished.clear()
+    finished_graphs.clear()
     compiled, backend = compile_model(model, _config())
     _run(compiled, model, 2)
-    (graph,) = finished
+    (graph,) = finished_graphs
     assert {n.meta.get(STREAM_KEY) for n in graph.graph.nodes} == {None, "auto_branch_1"}
     measured = graph_of(backend, "inference").measurement
     assert measured is not None and measured.stored and measured.chosen == BALANCED
@@ -135,10 +120,10 @@ def test_a_kept_alternative_is_the_only_graph_a_later_compile_builds(
     entry["decision"]["chosen"] = "auto_streams something else"
     path.write_text(json.dumps(entry))
     torch.compiler.reset()
-    finished.clear()
+    finished_graphs.clear()
     compiled, backend = compile_model(model, _config())
     _run(compiled, model, 2)
-    assert len(finished) == 3
+    assert len(finished_graphs) == 3
 
 
 def test_where_the_table_declines_the_shared_experts_are_proposed_for_measuring() -> None:

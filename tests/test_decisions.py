@@ -12,37 +12,15 @@ from typing import Any
 import pytest
 import torch
 from tests.conftest import assert_same, cause_of, compile_model, graph_of
+from tests.test_measured import TwoBranches, _config
 
 import airstream
-from airstream import passes
 from airstream.cli import main
 from airstream.decisions import list_decisions
 from airstream.errors import ConfigError
 from airstream.runtime.measured import ONE_STREAM, PLACED
 from airstream.runtime.size_ranges import SizeRanges, SizeSource
 from airstream.streams import STREAM_KEY
-
-
-class TwoBranches(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.left = torch.nn.Linear(16, 16)
-        self.right = torch.nn.Linear(16, 16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.left(x)) + torch.sin(self.right(x))
-
-
-def right_on_side(gm: torch.fx.GraphModule, example_inputs: Any, config: Any) -> None:
-    passes.place_on_stream(gm, passes.select_nodes(gm, module="right"), "side")
-
-
-def _config(calls: int = 2) -> airstream.CompilerConfig:
-    config = airstream.CompilerConfig()
-    config.post_grad_custom_pre_pass = right_on_side
-    config.stream_config.measure_placement = True
-    config.stream_config.measure_calls = calls
-    return config
 
 
 @pytest.fixture
@@ -123,7 +101,7 @@ def test_decisions_are_kept_and_a_later_compile_measures_nothing(on_disk: Path) 
     first = graph_of(backend, "inference").measurements
     assert first is not None and first.decided
     (stored,) = list_decisions(on_disk)
-    assert "inference graph of" in stored.graph and "test_decisions.py:" in stored.graph
+    assert "inference graph of" in stored.graph and "test_measured.py:" in stored.graph
     assert [d.size_range for d in stored.decisions] == list(first.ranges)
     assert [d.chosen for d in stored.decisions] == [m.chosen for m in first.ranges.values()]
 
@@ -210,18 +188,9 @@ def test_in_the_default_mode_each_range_runs_its_segments() -> None:
 
 
 def test_a_static_graph_decided_before_compiles_only_what_it_kept(
-    on_disk: Path, monkeypatch: pytest.MonkeyPatch
+    on_disk: Path, finished_graphs: list[torch.fx.GraphModule]
 ) -> None:
-    import airstream.pipeline as pipeline
-
-    finished: list[torch.fx.GraphModule] = []
-    finish = pipeline.finish_graph
-
-    def counting(gm: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
-        finished.append(gm)
-        return finish(gm, *args, **kwargs)
-
-    monkeypatch.setattr(pipeline, "finish_graph", counting)
+    finished = finished_graphs
     model = TwoBranches().eval()
     compiled, backend = compile_model(model, _config())
     _calls(compiled, model, 4, 8)

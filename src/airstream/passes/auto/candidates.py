@@ -25,7 +25,6 @@ back in it.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +38,7 @@ from airstream.effects import effects
 from airstream.nodes import CANDIDATES_KEY, NAMES_KEY, graph_kind
 from airstream.passes.auto.pricing import Pricer
 from airstream.passes.auto.roles import Role
-from airstream.passes.auto.simulate import makespan
+from airstream.passes.auto.simulate import makespan, ordered_by
 
 __all__ = [
     "LIST_SCHEDULE",
@@ -188,25 +187,12 @@ def in_original_order(gm: torch.fx.GraphModule) -> bool:
         return False
     if any(n.op == "call_function" and effects(n).ordered for n in nodes):
         return False
-    position = {n: i for i, n in enumerate(nodes)}
-    key: dict[Node, tuple[float, int]] = {}
+    key: dict[Node, float] = {}
     for node in nodes:  # graph order: every input's key is known
         stamped = node.meta.get(ORDER_KEY)
-        inherited = max((key[i][0] for i in node.all_input_nodes if i in key), default=-1.0)
-        key[node] = (float(stamped) if stamped is not None else inherited, position[node])
-    waiting = {n: sum(1 for i in n.all_input_nodes if i in position) for n in nodes}
-    ready = [(key[n], n.name) for n in nodes if waiting[n] == 0]
-    by_name = {n.name: n for n in nodes}
-    heapq.heapify(ready)
-    ordered: list[Node] = []
-    while ready:
-        node = by_name[heapq.heappop(ready)[1]]
-        ordered.append(node)
-        for user in node.users:
-            if user in waiting:
-                waiting[user] -= 1
-                if waiting[user] == 0:
-                    heapq.heappush(ready, (key[user], user.name))
+        inherited = max((key[i] for i in node.all_input_nodes if i in key), default=-1.0)
+        key[node] = float(stamped) if stamped is not None else inherited
+    ordered = ordered_by(nodes, key.__getitem__)  # ties: the graph's present order
     anchor = nodes[0].prev
     for node in ordered:
         anchor.append(node)

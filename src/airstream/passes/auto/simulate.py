@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.fx
@@ -46,11 +46,17 @@ def _upward_rank(nodes: Sequence[Node], cost: dict[Node, float]) -> dict[Node, f
 
 def _rank_order(nodes: Sequence[Node], cost: dict[Node, float]) -> list[Node]:
     """A topological order taking the ready node of highest upward rank first."""
+    rank = _upward_rank(nodes, cost)
+    return ordered_by(nodes, lambda n: -rank[n])
+
+
+def ordered_by(nodes: Sequence[Node], priority: Callable[[Node], float]) -> list[Node]:
+    """A topological order of ``nodes`` (inputs among them first) taking, of the nodes ready,
+    the one of lowest ``priority`` first (ties: the order given)."""
     members = set(nodes)
     index = {n: i for i, n in enumerate(nodes)}
-    rank = _upward_rank(nodes, cost)
     waiting = {n: sum(1 for a in n.all_input_nodes if a in members) for n in nodes}
-    ready = [(-rank[n], index[n]) for n in nodes if waiting[n] == 0]
+    ready = [(priority(n), index[n]) for n in nodes if waiting[n] == 0]
     heapq.heapify(ready)
     order: list[Node] = []
     while ready:
@@ -60,7 +66,7 @@ def _rank_order(nodes: Sequence[Node], cost: dict[Node, float]) -> list[Node]:
             if user in members:
                 waiting[user] -= 1
                 if waiting[user] == 0:
-                    heapq.heappush(ready, (-rank[user], index[user]))
+                    heapq.heappush(ready, (priority(user), index[user]))
     return order
 
 
