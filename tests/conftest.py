@@ -117,17 +117,18 @@ def sigint_raises() -> Any:
 @pytest.fixture
 def finished_graphs(monkeypatch: pytest.MonkeyPatch) -> list[torch.fx.GraphModule]:
     """Every graph a compile finishes, in order (:func:`airstream.finish.finish_graph` as the
-    pipeline calls it: the placement, each candidate measured beside it, one stream)."""
-    import airstream.pipeline as pipeline
+    compiling and loading call it: the placement, each candidate measured beside it, one
+    stream)."""
+    import airstream.measuring as measuring
 
     graphs: list[torch.fx.GraphModule] = []
-    finish = pipeline.finish_graph
+    finish = measuring.finish_graph
 
     def keep(gm: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
         graphs.append(gm)
         return finish(gm, *args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "finish_graph", keep)
+    monkeypatch.setattr(measuring, "finish_graph", keep)
     return graphs
 
 

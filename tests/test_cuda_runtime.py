@@ -687,16 +687,16 @@ def test_a_compiled_functions_forward_and_backward_get_one_capture_pool(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The plumbing, on CPU: every graph compiled from one Dynamo graph is handed one pool."""
-    import airstream.pipeline as pipeline
+    import airstream.measuring as measuring
 
     pools: list[tuple[str, Any]] = []
-    finish = pipeline.finish_graph
+    finish = measuring.finish_graph
 
     def recording(gm: Any, config: Any, kind: str, *args: Any, **kwargs: Any) -> Any:
         pools.append((kind, kwargs.get("capture_pool")))
         return finish(gm, config, kind, *args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "finish_graph", recording)
+    monkeypatch.setattr(measuring, "finish_graph", recording)
     net = torch.nn.Linear(4, 4)
     compiled, _ = compile_model(net)
     compiled(torch.randn(2, 4)).sum().backward()

@@ -21,6 +21,7 @@ import functools
 import hashlib
 import importlib.metadata
 import json
+import pickle
 import platform
 import types
 from collections.abc import Callable, Mapping, Sequence
@@ -30,11 +31,18 @@ from typing import Any
 import torch
 
 from airstream import environment, torch_internals
-from airstream.cached_graph import saved_options
 from airstream.calibration import stored_costs
 from airstream.config import CompilerConfig
 
-__all__ = ["airstream_version", "cache_key", "calibration_digest", "digest", "pass_identity"]
+__all__ = [
+    "airstream_version",
+    "cache_key",
+    "calibration_digest",
+    "digest",
+    "option_identities",
+    "pass_identity",
+    "saved_options",
+]
 
 _PLAIN = (int, float, bool, str, type(None))
 
@@ -131,7 +139,24 @@ def _attributes(owner: Any) -> dict[str, Any]:
     return {k: _value(v) for k, v in sorted(getattr(owner, "__dict__", {}).items())}
 
 
-def _option_identities(config: CompilerConfig) -> dict[str, Any]:
+def saved_options(config: CompilerConfig) -> dict[str, Any]:
+    """The config's options that can be saved: every one but the pass slots and other
+    callables (the passes have run; the graph saved is their result)."""
+    saved = {}
+    for path, value in config.as_dict().items():
+        if callable(value) or (isinstance(value, tuple) and any(callable(v) for v in value)):
+            continue
+        try:
+            pickle.dumps(value)
+        except Exception:  # an open option holding an object that cannot be saved
+            continue
+        saved[path] = value
+    return saved
+
+
+def option_identities(config: CompilerConfig) -> dict[str, Any]:
+    """Every option of ``config`` as a key sees it: the plain ones themselves, each pass (and
+    any other callable) by :func:`pass_identity`."""
     options: dict[str, Any] = dict(saved_options(config))
     for path, value in config.as_dict().items():
         if path in options:
@@ -194,7 +219,7 @@ def cache_key(
         "module": _module(owner) if isinstance(owner, torch.nn.Module) else None,
         "inputs": digest([str(spec), [_input(v, dynamic) for v in leaves]]),
         "dynamic": dynamic,
-        "options": digest(_option_identities(config)),
+        "options": digest(option_identities(config)),
         "torch": torch.__version__,
         "airstream": airstream_version(),
         "python": platform.python_version(),

@@ -12,35 +12,49 @@ through the module's ``__getattr__``), so importing airstream does not import In
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-import pickle
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airstream import torch_internals
+from airstream.cache_key import saved_options
 from airstream.config import CompilerConfig
-from airstream.finish import finish_graph
+from airstream.measuring import finish_placed
 from airstream.observers import CompileObserver
+from airstream.runtime.capture_pool import CapturePool
 
 if TYPE_CHECKING:
     from airstream.runtime.codegen import Executor
 
-__all__ = ["cached_graph", "saved_options"]
+__all__ = ["cached_graph", "loading_for"]
 
 
-def saved_options(config: CompilerConfig) -> dict[str, Any]:
-    """The config's options that can be saved: every one but the pass slots and other
-    callables (the passes have run; the graph saved is their result)."""
-    saved = {}
-    for path, value in config.as_dict().items():
-        if callable(value) or (isinstance(value, tuple) and any(callable(v) for v in value)):
-            continue
-        try:
-            pickle.dumps(value)
-        except Exception:  # an open option holding an object that cannot be saved
-            continue
-        saved[path] = value
-    return saved
+@dataclass(frozen=True)
+class _Loading:
+    """Who a graph loaded now reports to: the compiling backend's observers (its ``graphs``
+    list, dumps) and the capture pool its Dynamo graph's graphs share."""
+
+    observer: CompileObserver
+    capture_pool: CapturePool | None
+
+
+_LOADING: contextvars.ContextVar[_Loading | None] = contextvars.ContextVar(
+    "airstream_loading", default=None
+)
+
+
+@contextlib.contextmanager
+def loading_for(observer: CompileObserver, capture_pool: CapturePool | None) -> Iterator[None]:
+    """Within: a graph AOTAutograd loads from its cache announces itself to ``observer`` (the
+    backend compiling the Dynamo graph it belongs to), as a compiled one does."""
+    token = _LOADING.set(_Loading(observer, capture_pool))
+    try:
+        yield
+    finally:
+        _LOADING.reset(token)
 
 
 class _Saved:
@@ -82,8 +96,15 @@ class _Saved:
             return
         gm = torch_internals.load_graph(self.graph)
         config = CompilerConfig.from_options(self.options)
-        self.executor = finish_graph(
-            gm, config, self.kind, CompileObserver(), static_inputs=self.static_inputs
+        loading = _LOADING.get() or _Loading(CompileObserver(), None)
+        self.executor = finish_placed(
+            gm,
+            config,
+            self.kind,
+            loading.observer,
+            capture_pool=loading.capture_pool,
+            static_inputs=self.static_inputs,
+            loaded=True,
         )
 
     def set_triton_bundle(self, triton_bundle: Any) -> None:

@@ -1,7 +1,8 @@
 """The rest of a graph's compile once its passes have run: the stream analysis of the settled
 graph, the plan, max-autotune's segments (and the plan again), the executor; every step
 announced to the observers. :class:`airstream.pipeline.GraphCompiler` runs the passes and then
-this; a graph loaded from the compile cache (:mod:`airstream.cached_graph`) starts here.
+this, through :func:`airstream.measuring.finish_placed` (once per candidate where the
+placement is measured), for a compiled graph and one loaded from a compile cache alike.
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ def finish_graph(
     results: tuple[PassResult, ...] = (),
     static_inputs: tuple[int, ...] | None = None,
     capture_pool: CapturePool | None = None,
+    loaded: bool = False,
 ) -> Executor:
     """The rest of a graph's compile once its passes have run: its streams, the plan,
-    max-autotune's segments, the executor. A graph loaded from the compile cache starts here.
-    ``capture_pool``: shared by the graphs of one compiled function (CUDA graphs' memory)."""
+    max-autotune's segments, the executor. ``capture_pool``: shared by the graphs of one
+    compiled function (CUDA graphs' memory); ``loaded``: the graph came from a compile cache."""
     # settled by the pipeline; a graph given here directly is settled as it stands
     streams = lower_streams(gm, single_stream=config.ge_config.enable_single_stream)
     for note in streams.notes:
@@ -64,6 +66,6 @@ def finish_graph(
         gm, plan, kind, config, mode, device, static_inputs, capture_pool=capture_pool
     )
     observer.graph_compiled(
-        CompiledGraph(kind, gm, streams, plan, results, executor, segments, mode)
+        CompiledGraph(kind, gm, streams, plan, results, executor, segments, mode, loaded)
     )
     return executor

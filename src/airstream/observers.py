@@ -41,8 +41,10 @@ __all__ = ["CompileObserver", "CompiledGraph", "Observers", "ReadOnly"]
 @dataclass(frozen=True)
 class CompiledGraph:
     """One compiled graph: its kind, the optimized graph, its streams and plan, the passes run,
-    the executor that runs it, (max-autotune) what became of each segment, and the mode it
-    compiled in (``"default"`` resolved by its device)."""
+    the executor that runs it, (max-autotune) what became of each segment, the mode it
+    compiled in (``"default"`` resolved by its device), and whether it was loaded from a
+    compile cache (``loaded``: its passes ran in the process that saved it, so ``passes`` is
+    empty)."""
 
     kind: str
     graph_module: torch.fx.GraphModule
@@ -52,6 +54,7 @@ class CompiledGraph:
     executor: Executor
     segments: tuple[CompiledSegment, ...] = ()
     mode: str = "reduce-overhead"
+    loaded: bool = False
 
     @property
     def measurements(self) -> Measurements | None:

@@ -1,0 +1,164 @@
+"""The executor a graph gets once its passes have run: the placement alone
+(:func:`airstream.finish.finish_graph`), or, where ``stream_config.measure_placement`` measures
+it, the candidates timed against each other over its first calls
+(:class:`airstream.runtime.measured.MeasuredExecutor`): the placement, auto_streams'
+alternatives and the graph on one stream, each finished on its own.
+
+A compile (:class:`airstream.pipeline.GraphCompiler`) and a graph loaded from a compile cache
+(:mod:`airstream.cached_graph`) both start here, so a loaded graph is measured, and reads the
+decisions kept on disk (:mod:`airstream.decisions`), as a compiled one is.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch.fx
+
+from airstream.config import CompilerConfig
+from airstream.decisions import DecisionStore, decision_store
+from airstream.devices import graph_device
+from airstream.finish import finish_graph
+from airstream.mode import resolve_mode
+from airstream.nodes import AUTO_STREAMS_KEY, CANDIDATES_KEY, MEASUREMENT_KEY, NAMES_KEY
+from airstream.observers import CompileObserver
+from airstream.passes.auto.candidates import LIST_SCHEDULE, in_original_order, measured_here
+from airstream.passes.manager import PassResult
+from airstream.runtime.capture_pool import CapturePool
+from airstream.runtime.codegen import Executor
+from airstream.runtime.measured import (
+    ALL_SIZES,
+    ONE_STREAM,
+    PLACED,
+    MeasuredExecutor,
+    Measurement,
+    Measurements,
+)
+from airstream.runtime.size_ranges import SizeRanges, size_ranges
+from airstream.streams import STREAM_KEY, on_one_stream, on_streams, uses_streams
+
+__all__ = ["finish_placed"]
+
+
+def finish_placed(
+    gm: torch.fx.GraphModule,
+    config: CompilerConfig,
+    kind: str,
+    observer: CompileObserver,
+    results: tuple[PassResult, ...] = (),
+    capture_pool: CapturePool | None = None,
+    static_inputs: tuple[int, ...] | None = None,
+    loaded: bool = False,
+) -> Executor:
+    """``gm`` (its passes run, its streams settled) finished into the executor that runs it:
+    measured against one stream where ``measure_placement`` says so, else as placed.
+    ``static_inputs``: the inputs that are parameters or buffers, where AOTAutograd does not
+    say (a load); ``loaded``: the graph came from a compile cache (its passes ran in the
+    process that saved it)."""
+    finish = functools.partial(
+        finish_graph, config=config, kind=kind, results=results, static_inputs=static_inputs
+    )
+    measuring = _measuring(gm, config, kind) if _measures(gm, config, kind) else None
+    if measuring is not None and measuring.settled is not None:
+        # a static graph an earlier process decided: only the candidate it kept compiles
+        settled = measuring.settled
+        graph = {ONE_STREAM: measuring.one_stream, **measuring.alternatives}.get(
+            str(settled.chosen), gm
+        )
+        graph.meta[MEASUREMENT_KEY] = Measurements("", {ALL_SIZES: settled}, ALL_SIZES)
+        return finish(graph, observer=observer, capture_pool=capture_pool, loaded=loaded)
+    executor = finish(gm, observer=observer, capture_pool=capture_pool, loaded=loaded)
+    if measuring is None:
+        return executor
+    candidates = {PLACED: executor}
+    for name, graph in measuring.alternatives.items():  # auto_streams' other placements
+        candidates[name] = finish(graph, observer=CompileObserver())
+    # simplest first: a placement must beat a simpler one (measured.decide)
+    candidates = dict(sorted(candidates.items(), key=lambda c: measuring.crossings[c[0]]))
+    candidates[ONE_STREAM] = finish(measuring.one_stream, observer=CompileObserver())
+    options = config.stream_config
+    sizes, store = measuring.sizes, measuring.store
+    measured = MeasuredExecutor(
+        candidates,
+        options.measure_calls,
+        options.measure_min_gain,
+        sizes=sizes,
+        described_sizes="" if sizes is None else sizes.describe(),
+        known=measuring.known,
+        on_decided=store.save if store is not None else None,
+    )
+    gm.meta[MEASUREMENT_KEY] = measured.measurements
+    return measured
+
+
+@dataclass(frozen=True)
+class _Measuring:
+    """What measuring a placed graph needs, taken before it is fused: the graph on one stream,
+    auto_streams' alternatives (by candidate name), its size ranges (None: static), where its
+    decisions are kept (None: nowhere), those kept before (by range), and a static graph's
+    decision kept before (``settled``: then only the candidate it kept is built)."""
+
+    one_stream: torch.fx.GraphModule
+    alternatives: dict[str, torch.fx.GraphModule]
+    sizes: SizeRanges | None
+    store: DecisionStore | None
+    known: dict[str, Measurement]
+    settled: Measurement | None
+    crossings: dict[str, int]  # each placement's values handed between streams
+
+
+def _crossings(gm: torch.fx.GraphModule) -> int:
+    """How many (value, reader) pairs of a placement are on different streams: the syncs it
+    asks for, before the planner drops those earlier waits imply."""
+    return sum(
+        1
+        for node in gm.graph.nodes
+        for user in node.users
+        if STREAM_KEY in node.meta
+        and STREAM_KEY in user.meta
+        and node.meta[STREAM_KEY] != user.meta[STREAM_KEY]
+    )
+
+
+def _measuring(gm: torch.fx.GraphModule, config: CompilerConfig, kind: str) -> _Measuring:
+    bounds = config.stream_config.measure_ranges
+    sizes = size_ranges(gm, None if bounds == "pow2" else bounds)
+    mode = resolve_mode(config, graph_device(gm).type)
+    store = decision_store(gm, config, kind, mode, STREAM_KEY)
+    known = store.load() if store is not None else {}
+    names = {f"auto_streams {name}": name for name in gm.meta.get(NAMES_KEY, ())}
+    settled = known.get(ALL_SIZES) if sizes is None else None
+    if settled is not None and settled.chosen not in (PLACED, ONE_STREAM, *names):
+        settled = None  # kept for candidates this compile does not have: measured again
+    alternatives = {}
+    for candidate, name in names.items():
+        if settled is not None and settled.chosen != candidate:
+            continue  # decided before: only what was kept is built
+        graph = on_streams(gm, functools.partial(_label_in, name))
+        if name != LIST_SCHEDULE:
+            in_original_order(graph)
+        alternatives[candidate] = graph
+    crossings = {PLACED: _crossings(gm), **{k: _crossings(g) for k, g in alternatives.items()}}
+    return _Measuring(on_one_stream(gm), alternatives, sizes, store, known, settled, crossings)
+
+
+def _label_in(candidate: str, node: torch.fx.Node) -> str | None:
+    """A node's stream in an alternative placement (auto_streams' candidates.py)."""
+    labels = node.meta.get(CANDIDATES_KEY)
+    return labels.get(candidate) if isinstance(labels, dict) else None
+
+
+def _measures(gm: torch.fx.GraphModule, config: CompilerConfig, kind: str) -> bool:
+    """Whether ``stream_config.measure_placement`` measures this graph: a CPU inference graph
+    the passes (with ``"auto"``: auto_streams) put on several streams, run by streams (no debug
+    executor)."""
+    setting = config.stream_config.measure_placement
+    decision = gm.meta.get(AUTO_STREAMS_KEY)
+    auto_placed = decision is not None and bool(getattr(decision, "applied", False))
+    return (
+        (setting is True or (setting == "auto" and auto_placed))
+        and kind == "inference"
+        and measured_here(gm, config)
+        and uses_streams(gm)
+    )
