@@ -132,6 +132,18 @@ def finished_graphs(monkeypatch: pytest.MonkeyPatch) -> list[torch.fx.GraphModul
     return graphs
 
 
+@pytest.fixture
+def compiled_here() -> Any:
+    """torch.compile compiles every graph in this process: AOTAutograd's cache, which would
+    serve a graph an earlier test saved (airstream.graph_cache), is off for the test. For tests
+    that change airstream's own code in place (a monkeypatch is in no cache key) or look at
+    what a pass computed from this compile's example inputs."""
+    from torch._functorch import config as functorch_config
+
+    with functorch_config.patch(enable_autograd_cache=False):
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _reset_dynamo() -> Any:
     torch.compiler.reset()

@@ -249,7 +249,7 @@ def test_auto_streams_keeps_a_sequential_graph_single_stream() -> None:
 
 @pytest.mark.torch_api  # symbolic sizes' hints: size_hint on torch < 2.13
 @pytest.mark.parametrize("cost_model", ["flops", "profile"])
-def test_auto_streams_does_not_pin_dynamic_shapes(cost_model: str) -> None:
+def test_auto_streams_does_not_pin_dynamic_shapes(cost_model: str, compiled_here: None) -> None:
     """Issue 16, class 2: the cost model called int() on symbolic sizes, which installs a guard,
     so every new sequence length recompiled (and past Dynamo's limit ran eagerly)."""
     model = Branches(64)
@@ -273,6 +273,8 @@ def test_auto_streams_does_not_pin_dynamic_shapes(cost_model: str) -> None:
     static, dynamic = decisions["auto"]
     assert static is not None and dynamic is not None
     if cost_model == "flops":  # the same costs whether traced static or dynamic (same example)
+        # compiled here: AOTAutograd's cache would serve the dynamic graph saved above, priced
+        # on its own example (length 16)
         torch.compiler.reset()
         compiled, backend = compile_model(model, _config(passes.auto_streams()), dynamic=True)
         with torch.no_grad():

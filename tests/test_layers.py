@@ -47,7 +47,18 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("observers", frozenset({"observers", "debug"})),
     (
         "backend",
-        frozenset({"backend", "pipeline", "finish", "cached_graph", "cache_key", "decisions"}),
+        frozenset(
+            {
+                "backend",
+                "pipeline",
+                "measuring",
+                "finish",
+                "graph_cache",
+                "cached_graph",
+                "cache_key",
+                "decisions",
+            }
+        ),
     ),
     (
         "applications",

@@ -175,7 +175,9 @@ def _erase_wait(gm: torch.fx.GraphModule, example_inputs: Any, config: Any) -> N
             gm.graph.erase_node(node)
 
 
-def test_a_builtin_that_drops_an_air_op_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_builtin_that_drops_an_air_op_is_caught(
+    monkeypatch: pytest.MonkeyPatch, compiled_here: None
+) -> None:
     import airstream.passes.manager as manager
 
     bad = (("experimental_config.cse", _erase_wait),)

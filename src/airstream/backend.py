@@ -6,7 +6,8 @@
 ``options={"debug.run_eagerly": True, ...}``. AOTAutograd runs with
 ``keep_inference_input_mutations`` from the config, airstream's decomposition table, and a
 partitioner that keeps every air op in the forward graph. Inference, training-forward and
-training-backward graphs each go through the pipeline separately.
+training-backward graphs each go through the pipeline separately. An inference graph is kept in
+AOTAutograd's cache for the next process (:mod:`airstream.graph_cache`).
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ import torch.fx
 
 import airstream.ops.library  # noqa: F401  (registers the air ops)
 from airstream import torch_internals
+from airstream.cached_graph import cached_graph_class, loading_for
 from airstream.config import CompilerConfig
 from airstream.debug.dump import GraphDumper, dump_observer
 from airstream.decompositions import decomposition_table
 from airstream.effects import effects
 from airstream.errors import AirstreamError, ConfigError
+from airstream.graph_cache import graph_cache_key
 from airstream.nodes import GRAPH_KIND_KEY, GRAPH_KINDS
 from airstream.observers import CompiledGraph, CompileObserver, Observers, ReadOnly
 from airstream.passes.manager import pass_name
@@ -138,15 +141,22 @@ class AirstreamBackend:
             lower_torch_streams(gm, torch_streams)
             gm.recompile()  # AOTAutograd runs the module
         pool = CapturePool()  # its graphs' CUDA graphs share memory, as cudagraph trees'
+        key = graph_cache_key(config, self.decompositions, example_inputs, bool(self.observers))
+        forward: Any = GraphCompiler(config, "forward", observer, torch_streams, pool)
+        if key is not None:  # AOTAutograd looks the graph up in its cache first (graph_cache.py)
+            forward = torch_internals.serializable_compiler(forward, cached_graph_class())
         aot = torch_internals.aot_autograd(
-            fw_compiler=GraphCompiler(config, "forward", observer, torch_streams, pool),
+            fw_compiler=forward,
             bw_compiler=GraphCompiler(config, "backward", observer, torch_streams, pool),
             inference_compiler=GraphCompiler(config, "inference", observer, torch_streams, pool),
             decompositions=self.decompositions,
             partition_fn=_keep_air_ops_in_forward,
             keep_inference_input_mutations=config.experimental_config.keep_inference_input_mutations,
         )
-        return aot(gm, example_inputs)
+        if key is None:
+            return aot(gm, example_inputs)
+        with torch_internals.saving_graphs(key), loading_for(observer, pool):
+            return aot(gm, example_inputs)
 
     def config_for(self, compile_kwargs: Mapping[str, Any]) -> CompilerConfig:
         """The config a graph compiles with: this backend's, with ``torch.compile(...,

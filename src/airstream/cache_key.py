@@ -41,6 +41,7 @@ __all__ = [
     "digest",
     "option_identities",
     "pass_identity",
+    "ranks",
     "saved_options",
 ]
 
@@ -225,7 +226,7 @@ def cache_key(
         "python": platform.python_version(),
         "mode_variable": environment.AIRSTREAM_MODE.read(),
         "costs": [environment.AIRSTREAM_COSTS.read(), calibration_digest()],
-        "ranks": _ranks(),
+        "ranks": ranks(),
         "grad": torch.is_grad_enabled(),
     }
 
@@ -237,7 +238,7 @@ def calibration_digest() -> str | None:
     return None if costs is None else digest(dataclasses.asdict(costs))
 
 
-def _ranks() -> list[int] | None:
+def ranks() -> list[int] | None:
     """This process's rank and the world size, in a distributed job (each rank compiles its
     own graphs: collectives name their group)."""
     dist = torch.distributed

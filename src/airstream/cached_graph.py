@@ -29,7 +29,7 @@ from airstream.runtime.capture_pool import CapturePool
 if TYPE_CHECKING:
     from airstream.runtime.codegen import Executor
 
-__all__ = ["cached_graph", "loading_for"]
+__all__ = ["cached_graph", "cached_graph_class", "loading_for"]
 
 
 @dataclass(frozen=True)
@@ -62,13 +62,13 @@ class _Saved:
 
     def __init__(
         self,
-        graph: bytes,
+        graph: bytes | str,
         options: dict[str, Any],
         kind: str,
         executor: Any,
         static_inputs: tuple[int, ...] | None,
     ) -> None:
-        self.graph = graph
+        self.graph = graph  # a str: why the graph could not be saved
         self.options = options
         self.kind = kind
         self.executor = executor
@@ -86,6 +86,10 @@ class _Saved:
         return state
 
     def prepare_for_serialization(self) -> None:
+        """Called on the copy AOTAutograd saves; a graph that could not be dumped is not saved
+        (AOTAutograd counts a bypass and compiles it again next time)."""
+        if isinstance(self.graph, str):
+            raise torch_internals.not_cached(f"airstream could not save the graph: {self.graph}")
         self.executor = None
 
     def post_compile(
@@ -94,6 +98,8 @@ class _Saved:
         """Rebuild the executor of a loaded entry (a no-op in the process that compiled it)."""
         if self.executor is not None:
             return
+        if isinstance(self.graph, str):  # never saved, so never loaded
+            raise RuntimeError(f"a graph that was not saved was loaded: {self.graph}")
         gm = torch_internals.load_graph(self.graph)
         config = CompilerConfig.from_options(self.options)
         loading = _LOADING.get() or _Loading(CompileObserver(), None)
@@ -112,7 +118,8 @@ class _Saved:
 
 
 @functools.cache
-def _cached_graph_class() -> type:
+def cached_graph_class() -> type:
+    """``CachedGraph``: airstream's result type for AOTAutograd (an Inductor ``OutputCode``)."""
     base = torch_internals.output_code_base()
     cls = type(
         "CachedGraph", (_Saved, base), {"__module__": __name__, "__qualname__": "CachedGraph"}
@@ -122,17 +129,18 @@ def _cached_graph_class() -> type:
 
 def __getattr__(name: str) -> Any:
     if name == "CachedGraph":  # what pickle looks up when it loads an entry
-        return _cached_graph_class()
+        return cached_graph_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def cached_graph(
-    graph: bytes,
+    graph: bytes | str,
     config: CompilerConfig,
     kind: str,
     executor: Executor,
     static_inputs: tuple[int, ...] | None,
 ) -> Any:
-    """A ``CachedGraph`` running ``executor`` now and rebuilding it from ``graph`` on load."""
-    cls = _cached_graph_class()
+    """A ``CachedGraph`` running ``executor`` now and rebuilding it from ``graph`` on load
+    (a str: why the graph could not be dumped; AOTAutograd then saves nothing)."""
+    cls = cached_graph_class()
     return cls(graph, saved_options(config), kind, executor, static_inputs)

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from airstream import torch_internals
+from airstream import graph_cache, torch_internals
 from airstream.cache_files import (
     ENTRY_FILE,
     default_root,
@@ -139,7 +139,7 @@ class CachedFunction:
                     "training graph (its backward through a loaded entry is untested); call "
                     "it under torch.no_grad() or torch.inference_mode() for inference"
                 )
-            debugging = _debugging(self.config)
+            debugging = graph_cache.debugging(self.config)
             if debugging is not None:  # dumps are written by a compile, which a load skips
                 _warn(
                     f"{self._name()} is compiled in this process, not through the cache: "
@@ -262,18 +262,6 @@ class CachedFunction:
                 "compiles it again"
             )
         return compiled
-
-
-def _debugging(config: CompilerConfig) -> str | None:
-    """The debug option that writes something at compile time, if one is set."""
-    debug = config.debug
-    if debug.graph_dump.type is not None:
-        return "debug.graph_dump.type"
-    if debug.data_dump.type is not None:
-        return "debug.data_dump.type"
-    if debug.run_eagerly:
-        return "debug.run_eagerly"
-    return None
 
 
 class _InProcess:

@@ -98,9 +98,10 @@ class GraphCompiler:
             return finish_placed(gm, config, kind, observer, results, self.capture_pool)
         # AOTAutograd keeps this graph in a cache entry (airstream.cached_graph): the graph as
         # the passes left it, which a load finishes as this process does now
-        saved = torch_internals.dump_graph(gm)
+        try:
+            saved: bytes | str = torch_internals.dump_graph(gm)
+        except Exception as exc:  # an object in the graph that cannot be pickled (a torch.Stream)
+            saved = f"{type(exc).__name__}: {exc}"
         executor = finish_placed(gm, config, kind, observer, results, self.capture_pool)
         static = torch_internals.static_input_indices() if kind != "backward" else None
         return cached_graph(saved, config, kind, executor, static)
-
-

@@ -90,6 +90,12 @@ from airstream.torch_internals.functionalize import (
     functionalized_call,
     outputs_rebuilt_from_inputs,
 )
+from airstream.torch_internals.graph_cache import (
+    autograd_cache_on,
+    not_cached,
+    saving_graphs,
+    serializable_compiler,
+)
 from airstream.torch_internals.inductor import (
     InductorCompiled,
     apply_patterns,
@@ -182,6 +188,10 @@ from airstream.torch_internals.tools import (
 
 __all__ = [
     "aot_compile",
+    "autograd_cache_on",
+    "not_cached",
+    "saving_graphs",
+    "serializable_compiler",
     "bundling_compile",
     "changed_source",
     "dump_graph",

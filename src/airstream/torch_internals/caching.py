@@ -156,8 +156,7 @@ def aot_compile(
     # options and passes: the entry's key goes into the tag every torch cache key holds, so
     # AOTAutograd serves only what airstream's key says is the same (segment_cache_tag undoes it
     # for Inductor's segment compiles, which a load repeats outside this).
-    tag = f"{torch.compiler.config.cache_key_tag}{_TAG_SEPARATOR}{key}"
-    with torch.compiler.config.patch(cache_key_tag=tag):  # type: ignore[attr-defined]
+    with torch.compiler.config.patch(cache_key_tag=entry_tag(key)):  # type: ignore[attr-defined]
         try:
             return compiled.aot_compile((tuple(args), dict(kwargs)))  # type: ignore[attr-defined]
         except RuntimeError as exc:
@@ -170,6 +169,11 @@ def aot_compile(
 
 
 _TAG_SEPARATOR = "|airstream-entry:"
+
+
+def entry_tag(key: str) -> str:
+    """The cache-key tag with airstream's entry key ``key`` added to the user's."""
+    return f"{segment_cache_tag()}{_TAG_SEPARATOR}{key}"
 
 
 def segment_cache_tag() -> str:

@@ -31,7 +31,6 @@ from typing import Any
 
 import torch.fx
 
-from airstream import torch_internals
 from airstream.calibration import MachineCosts
 from airstream.devices import graph_device
 from airstream.effects import effects
@@ -104,16 +103,15 @@ def balanced_branches(
 
 def measured_here(gm: torch.fx.GraphModule, config: Any) -> bool:
     """Whether ``stream_config.measure_placement`` can measure this graph once placed: it is
-    not off, and the graph is a CPU inference graph run by streams (no debug executor, not
-    compiled ahead of time: an entry on disk holds one executor). ``config`` None or without
-    the options (a pass called by hand): no."""
+    not off, and the graph is a CPU inference graph run by streams (no debug executor). A graph
+    saved in a compile cache is measured too: its load finishes it as a compile does.
+    ``config`` None or without the options (a pass called by hand): no."""
     options = getattr(config, "stream_config", None)
     debug = getattr(config, "debug", None)
     if options is None or debug is None or options.measure_placement is False:
         return False
     return (
         graph_kind(gm) == "inference"
-        and not torch_internals.bundling_compile()
         and not debug.run_eagerly
         and debug.data_dump.type is None
         and graph_device(gm).type == "cpu"
