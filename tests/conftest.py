@@ -138,9 +138,9 @@ def compiled_here() -> Any:
     serve a graph an earlier test saved (airstream.graph_cache), is off for the test. For tests
     that change airstream's own code in place (a monkeypatch is in no cache key) or look at
     what a pass computed from this compile's example inputs."""
-    from torch._functorch import config as functorch_config
+    from airstream import torch_internals
 
-    with functorch_config.patch(enable_autograd_cache=False):
+    with torch_internals.autograd_cache_off():
         yield
 
 

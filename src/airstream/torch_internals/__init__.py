@@ -91,6 +91,7 @@ from airstream.torch_internals.functionalize import (
     outputs_rebuilt_from_inputs,
 )
 from airstream.torch_internals.graph_cache import (
+    autograd_cache_off,
     autograd_cache_on,
     not_cached,
     saving_graphs,
@@ -188,6 +189,7 @@ from airstream.torch_internals.tools import (
 
 __all__ = [
     "aot_compile",
+    "autograd_cache_off",
     "autograd_cache_on",
     "not_cached",
     "saving_graphs",

@@ -19,7 +19,8 @@ from airstream.torch_internals.registry import _attr, _feature, _optional, _take
 @_feature(
     "autograd_cache",
     "torch._functorch._aot_autograd.schemas.SerializableAOTDispatchCompiler(output_code_ty, "
-    "compiler_fn), torch._functorch.config.bundled_autograd_cache, torch._functorch."
+    "compiler_fn), torch._functorch.config.bundled_autograd_cache and .enable_autograd_cache, "
+    "torch._functorch."
     "_aot_autograd.autograd_cache.should_use_local_autograd_cache(), "
     "torch.compiler.config.cache_key_tag, torch._functorch._aot_autograd.autograd_cache."
     "BypassAOTAutogradCache",
@@ -32,8 +33,9 @@ def _probe_autograd_cache() -> tuple[type, Any, Callable[[], bool], type]:
     )
     _takes(serializable, "output_code_ty", "compiler_fn")
     functorch_config = _attr("torch._functorch:config")
-    if not isinstance(functorch_config.bundled_autograd_cache, bool):
-        raise AttributeError("torch._functorch.config.bundled_autograd_cache is not a bool option")
+    for option in ("bundled_autograd_cache", "enable_autograd_cache"):
+        if not isinstance(getattr(functorch_config, option), bool):
+            raise AttributeError(f"torch._functorch.config.{option} is not a bool option")
     local: Callable[[], bool] = _attr(
         "torch._functorch._aot_autograd.autograd_cache:should_use_local_autograd_cache"
     )
@@ -91,3 +93,15 @@ def not_cached(reason: str) -> Exception:
         return RuntimeError(reason)
     error: Exception = found[3](reason)
     return error
+
+
+@contextlib.contextmanager
+def autograd_cache_off() -> Iterator[None]:
+    """Within: AOTAutograd's cache neither serves nor saves a graph (every graph compiles in this
+    process, as ``TORCHINDUCTOR_AUTOGRAD_CACHE=0`` does)."""
+    found = _found()
+    if found is None:
+        yield
+        return
+    with found[1].patch(enable_autograd_cache=False):
+        yield
