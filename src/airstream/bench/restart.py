@@ -19,7 +19,9 @@ its first decode step, which compiles (or loads) and runs. Cases:
   process calls on until the measuring has decided, as a serving process would, so the warm
   process finds the decision on disk (``AIRSTREAM_DECISIONS``) and measures nothing.
 
-Medians of ``rounds`` cold/warm pairs; warm/cold is the figure the cache is judged by.
+Medians of ``rounds`` cold/warm pairs, the cases interleaved (each round runs every case once);
+warm/cold is the figure the cache is judged by. The first call's time starts at
+``torch.compile`` (``torch.compile(backend="inductor")`` imports Inductor there).
 """
 
 from __future__ import annotations
@@ -87,9 +89,12 @@ def run_restart(
     """Median first-call seconds, cold and warm, of each case."""
     import torch
 
+    runs: dict[str, list[dict[str, float]]] = {case: [] for case in cases}
+    for _ in range(rounds):  # the cases interleaved: round by round, each case once
+        for case in cases:
+            runs[case].append(_pair(model, case))
     rows = []
-    for case in cases:
-        pairs = [_pair(model, case) for _ in range(rounds)]
+    for case, pairs in runs.items():
         row: dict[str, Any] = {"case": case}
         for field in pairs[0]:
             values = [p[field] for p in pairs]

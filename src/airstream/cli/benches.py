@@ -106,10 +106,19 @@ def _compile(a: argparse.Namespace) -> Report:
 
 def _restart(a: argparse.Namespace) -> Report:
     from airstream.bench.decode import DECODE_MODELS
-    from airstream.bench.restart import format_restart, run_restart
+    from airstream.bench.restart import RESTART_CASES, format_restart, run_restart
 
     models = _models("restart", a.models, tuple(DECODE_MODELS))
-    report = run_restart(models[0] if a.models else "qwen2-moe", rounds=a.rounds)
+    cases = tuple(c.strip() for c in a.cases.split(",") if c.strip()) or RESTART_CASES
+    unknown = [c for c in cases if c not in RESTART_CASES]
+    if unknown:
+        print(
+            f"airstream bench restart: unknown case(s) {unknown}; choose from "
+            + ", ".join(RESTART_CASES),
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    report = run_restart(models[0] if a.models else "qwen2-moe", cases=cases, rounds=a.rounds)
     return report, format_restart(report)
 
 

@@ -294,6 +294,13 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "serving-loop: (default all: moe, heads, decode)",
     )
     bench.add_argument(
+        "--cases",
+        default="",
+        help="restart: comma-separated cases (default all: inductor, airstream <mode>, "
+        "cache_compile <mode>, auto_streams <mode>, ...; `airstream bench restart --json` "
+        "lists them)",
+    )
+    bench.add_argument(
         "--device",
         default="cpu",
         help="moe, decode, branches-pointwise (and moe --mode): where the model runs, cpu or "
