@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "nodes",
                 "devices",
                 "streams",
+                "placements",
                 "decompositions",
             }
         ),

@@ -25,6 +25,7 @@ from airstream.nodes import AUTO_STREAMS_KEY, CANDIDATES_KEY, MEASUREMENT_KEY, N
 from airstream.observers import CompileObserver
 from airstream.passes.auto.candidates import LIST_SCHEDULE, in_original_order, measured_here
 from airstream.passes.manager import PassResult
+from airstream.placements import on_one_stream, on_streams
 from airstream.runtime.capture_pool import CapturePool
 from airstream.runtime.codegen import Executor
 from airstream.runtime.measured import (
@@ -36,7 +37,7 @@ from airstream.runtime.measured import (
     Measurements,
 )
 from airstream.runtime.size_ranges import SizeRanges, size_ranges
-from airstream.streams import STREAM_KEY, on_one_stream, on_streams, uses_streams
+from airstream.streams import STREAM_KEY, uses_streams
 
 __all__ = ["finish_placed"]
 

@@ -29,10 +29,9 @@ nothing is kept between calls.
 
 from __future__ import annotations
 
-import copy
 import functools
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -440,40 +439,6 @@ def lower_streams(gm: torch.fx.GraphModule, *, single_stream: bool = False) -> S
 def uses_streams(gm: torch.fx.GraphModule) -> bool:
     """Whether a lowered graph runs any call off the main stream."""
     return any(node.meta.get(STREAM_KEY) is not None for node in gm.graph.nodes)
-
-
-_STREAM_STEPS = (scope_enter, scope_exit, record, wait, wait_tensor)
-
-
-def on_one_stream(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A copy of a lowered graph with every call on the main stream (:func:`on_streams`)."""
-    return on_streams(gm, lambda node: None)
-
-
-def on_streams(
-    gm: torch.fx.GraphModule, label_of: Callable[[torch.fx.Node], str | None]
-) -> torch.fx.GraphModule:
-    """A copy of a lowered graph, sharing its parameters and node values, with each call on the
-    stream ``label_of`` gives it (None: main) and without the scope markers, records and waits
-    (``wait_tensor(x, dep)`` is ``x``): the planner adds the syncs the new placement needs. On
-    one stream, the same program as one stream runs it, where markers would order nothing and
-    cut its max-autotune segments short."""
-    out = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # node meta copied, values shared
-    out.meta.update(gm.meta)
-    graph = out.graph
-    for node in reversed(graph.nodes):  # users before what they use
-        op = node.target if node.target in _STREAM_STEPS else air_op_for(node.target)
-        if node.op == "call_function" and op in _STREAM_STEPS:
-            if op is wait_tensor:
-                node.replace_all_uses_with(node.args[0])
-            if not node.users:
-                graph.erase_node(node)
-                continue
-        if STREAM_KEY in node.meta:
-            node.meta[STREAM_KEY] = label_of(node)
-    graph.lint()
-    out.recompile()
-    return out
 
 
 def settle_annotations(gm: torch.fx.GraphModule) -> int:

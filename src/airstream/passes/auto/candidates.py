@@ -14,7 +14,7 @@ the least loaded stream (LPT), which is what ``moe_experts`` does by module name
 An alternative is written into each node's meta (``nodes.CANDIDATES_KEY``: name -> stream label,
 no entry: main), which survives the passes after it as every key does (a node a pass makes in
 place of another copies its meta), and the names into the graph's meta (``nodes.NAMES_KEY``), in
-predicted order. :func:`airstream.streams.on_streams` builds each as a graph of its own.
+predicted order. :func:`airstream.placements.on_streams` builds each as a graph of its own.
 
 The list schedule reorders the graph by predicted start. The other placements were made for
 the graph's own order: interleaved by the list schedule, a stream reaches the sum of two
