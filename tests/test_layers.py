@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "openmp",
                 "launch",
                 "torch_internals",
+                "option_checks",
                 "options",
                 "config",
                 "mode",

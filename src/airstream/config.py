@@ -15,9 +15,7 @@ reads are declared in :mod:`airstream.environment`.
 
 from __future__ import annotations
 
-from airstream.options import (
-    Option,
-    OptionGroup,
+from airstream.option_checks import (
     PassSlot,
     boolean,
     choice,
@@ -27,6 +25,7 @@ from airstream.options import (
     positive_int,
     size_bounds,
 )
+from airstream.options import Option, OptionGroup
 
 __all__ = ["CUDA_GRAPH_RERECORD_LIMIT", "CompilerConfig", "PassSlot"]
 

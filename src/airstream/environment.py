@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 
 from airstream.errors import ConfigError
 from airstream.openmp import OPENMP_VARIABLES
-from airstream.options import Invalid, choice
+from airstream.option_checks import Invalid, choice
 
 __all__ = [
     "AIRSTREAM_CACHE_DIR",

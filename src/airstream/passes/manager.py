@@ -31,7 +31,7 @@ from airstream.effects import effects
 from airstream.errors import PassError, StreamError
 from airstream.nodes import INSERTED_BY_KEY, describe
 from airstream.ops.library import adopt_air_aliases, record, wait, wait_tensor
-from airstream.options import callable_source, pass_style
+from airstream.option_checks import callable_source, pass_style
 from airstream.passes.builtin import BUILTIN_PASSES, FINAL_PASSES
 from airstream.passes.meta import check_meta, fill_meta, node_inputs
 from airstream.passes.regions import air_layout
