@@ -21,22 +21,13 @@ from typing import Any
 import pytest
 import torch
 from tests.conftest import assert_same, compile_model, graph_of, ops_by_stream, slow
+from tests.test_measured import TwoBranches
 
 import airstream
 from airstream.runtime.measured import ONE_STREAM, PLACED
 from airstream.streams import STREAM_KEY
 
 _NONCE = uuid.uuid4().hex  # in each pass's identity: this run's entries are its own
-
-
-class _TwoBranches(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = torch.nn.Linear(32, 32)
-        self.b = torch.nn.Linear(32, 32)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.a(x)) + torch.sin(self.b(x))
 
 
 class Runs:
@@ -63,7 +54,7 @@ def _side_pass(runs: Runs, nonce: str = _NONCE) -> Any:
         sin = next((n for n in gm.graph.nodes if n.target == torch.ops.aten.sin.default), None)
         if sin is None:  # a backward graph
             return
-        mm = sin.args[0]  # the b branch's matrix multiply, on the side stream with it
+        mm = sin.args[0]  # the right branch's matrix multiply, on the side stream with it
         with gm.graph.inserting_before(mm):
             gm.graph.call_function(torch.ops.air.scope_enter, (["_user_stream_label"], ["side"]))
         with gm.graph.inserting_after(sin):
@@ -83,7 +74,7 @@ def _compile_and_check(
 ) -> airstream.CompiledGraph:
     torch.compiler.reset()
     compiled, backend = compile_model(model, config, **kwargs)
-    x = torch.randn(4, 32)
+    x = torch.randn(4, 16)
     with torch.no_grad():
         assert_same(compiled(x), model(x), rtol=1e-5, atol=1e-5)
     (graph,) = backend.graphs
@@ -92,7 +83,7 @@ def _compile_and_check(
 
 @pytest.mark.usefixtures("default_mode")
 def test_a_second_compile_loads_the_graph_on_its_streams_without_running_the_passes() -> None:
-    model = _TwoBranches().eval()
+    model = TwoBranches().eval()
     runs = Runs()
     first = _compile_and_check(model, _config(runs))
     assert (first.loaded, len(runs), first.mode) == (False, 1, "max-autotune")
@@ -105,7 +96,7 @@ def test_a_second_compile_loads_the_graph_on_its_streams_without_running_the_pas
 
 
 def test_other_options_or_another_pass_compile_anew() -> None:
-    model = _TwoBranches().eval()
+    model = TwoBranches().eval()
     runs = Runs()
     assert not _compile_and_check(model, _config(runs)).loaded
     threads = _config(runs)
@@ -117,8 +108,8 @@ def test_other_options_or_another_pass_compile_anew() -> None:
 
 
 def test_airstream_is_never_served_inductors_entry_for_the_same_graph() -> None:
-    model = _TwoBranches().eval()
-    x = torch.randn(4, 32)
+    model = TwoBranches().eval()
+    x = torch.randn(4, 16)
     with torch.no_grad():
         torch.compile(model)(x)  # Inductor's entry for the graph
         torch.compiler.reset()
@@ -129,12 +120,12 @@ def test_airstream_is_never_served_inductors_entry_for_the_same_graph() -> None:
 
 
 def test_training_graphs_and_debug_options_are_compiled_every_time(tmp_path: Path) -> None:
-    model = _TwoBranches()
+    model = TwoBranches()
     runs = Runs()
     for _ in range(2):
         torch.compiler.reset()
         compiled, backend = compile_model(model, _config(runs))
-        compiled(torch.randn(4, 32)).sum().backward()
+        compiled(torch.randn(4, 16)).sum().backward()
         assert {(g.kind, g.loaded) for g in backend.graphs} == {
             ("forward", False),
             ("backward", False),
@@ -181,15 +172,16 @@ def _config_noop(runs: Runs) -> airstream.CompilerConfig:
 
 _PROGRAM = """
 import json, os, sys, torch, airstream
-from tests.test_graph_cache import Runs, _TwoBranches, _config
+from tests.test_graph_cache import Runs, _config
+from tests.test_measured import TwoBranches
 
 os.environ.pop("AIRSTREAM_MODE", None)  # the tests' conftest pins one; users' is the default
 
 torch.manual_seed(0)
-model = _TwoBranches().eval()
+model = TwoBranches().eval()
 runs = Runs()
 backend = airstream.get_backend(_config(runs, nonce=sys.argv[1]))
-x = torch.randn(4, 32)
+x = torch.randn(4, 16)
 with torch.no_grad():
     out = torch.compile(model, backend=backend)(x)
     torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
@@ -229,7 +221,7 @@ def test_a_new_process_loads_what_the_first_saved(tmp_path: Path) -> None:
 def test_a_measured_placement_is_loaded_and_measured_again(
     finished_graphs: list[torch.fx.GraphModule],
 ) -> None:
-    model = _TwoBranches().eval()
+    model = TwoBranches().eval()
     config = _config(Runs(), nonce=f"{_NONCE}-measured")
     config.stream_config.measure_placement = True
     config.stream_config.measure_calls = 2
@@ -239,7 +231,7 @@ def test_a_measured_placement_is_loaded_and_measured_again(
         compiled, backend = compile_model(model, config)
         with torch.no_grad():
             for step in range(4 * 2 + 2):  # 2 timed calls of each candidate, then decided
-                x = torch.randn(4, 32, generator=torch.Generator().manual_seed(step))
+                x = torch.randn(4, 16, generator=torch.Generator().manual_seed(step))
                 assert_same(compiled(x), model(x), rtol=1e-5, atol=1e-5)
         graph = graph_of(backend, "inference")
         assert graph.loaded is expect_loaded
