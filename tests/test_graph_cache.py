@@ -8,6 +8,7 @@ from an earlier run of the suite serves its first compile.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -161,9 +162,9 @@ def test_a_graph_holding_objects_that_cannot_be_saved_compiles_every_time_quietl
     assert len(runs) == 2
 
 
-def _config_noop(runs: Runs) -> airstream.CompilerConfig:
+def _config_noop(runs: Runs, nonce: str = _NONCE) -> airstream.CompilerConfig:
     def counted(gm: torch.fx.GraphModule, example_inputs: Any, config: Any) -> None:
-        runs.append(_NONCE)
+        runs.append(nonce)
 
     config = airstream.CompilerConfig()
     config.post_grad_custom_pre_pass = counted
@@ -239,3 +240,42 @@ def test_a_measured_placement_is_loaded_and_measured_again(
         measured = graph.measurement
         assert measured is not None and measured.chosen in (ONE_STREAM, PLACED)
         assert {k: len(v) for k, v in measured.seconds.items()} == {ONE_STREAM: 2, PLACED: 2}
+
+
+@pytest.mark.usefixtures("default_mode")
+def test_a_transformers_moe_is_loaded_with_its_auto_streams_placement() -> None:
+    """Real model code in the mode users get: Qwen2-MoE's forward (random weights, a static KV
+    cache), auto_streams placing it; the second compile loads the graph with the same streams
+    and gives eager's logits and cache."""
+    transformers = pytest.importorskip("transformers")
+    from airstream import passes
+    from airstream.selftest.architectures import ARCHS
+
+    model = ARCHS["qwen2_moe"].build().eval()
+    ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(0))
+    # transformers renamed past_key_values to cache (5.24 warns on the old name)
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    runs = Runs()
+    graphs = []
+    for _ in range(2):
+        config = airstream.CompilerConfig()
+        config.post_grad_custom_pre_pass = passes.auto_streams(max_streams=2, min_gain=0)
+        counted = _config_noop(runs, f"{_NONCE}-moe").post_grad_custom_pre_pass
+        config.post_grad_custom_post_pass = counted  # this run's own key
+        config.stream_config.measure_placement = False  # the placement as the pass left it
+        torch.compiler.reset()
+        compiled, backend = compile_model(model.forward, config)
+        got_cache = transformers.StaticCache(config=model.config, max_cache_len=16)
+        want_cache = transformers.StaticCache(config=model.config, max_cache_len=16)
+        with torch.no_grad():
+            got = compiled(ids, **{name: got_cache}, use_cache=True)
+            want = model(ids, **{name: want_cache}, use_cache=True)
+        assert_same(got.logits, want.logits, rtol=1e-4, atol=1e-4)
+        for mine, theirs in zip(got_cache.layers, want_cache.layers, strict=True):
+            assert_same(mine.keys, theirs.keys, rtol=1e-4, atol=1e-4)
+        graphs.append(graph_of(backend, "inference"))
+    compiled_graph, loaded = graphs
+    assert not compiled_graph.loaded and loaded.loaded and len(runs) == 1
+    assert loaded.mode == "max-autotune"
+    assert compiled_graph.streams.side_streams  # auto_streams placed something off main
+    assert ops_by_stream(loaded) == ops_by_stream(compiled_graph)
