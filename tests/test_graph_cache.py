@@ -25,6 +25,7 @@ from tests.conftest import assert_same, compile_model, graph_of, ops_by_stream, 
 from tests.test_measured import TwoBranches
 
 import airstream
+from airstream.passes import module_paths
 from airstream.runtime.measured import ONE_STREAM, PLACED
 from airstream.streams import STREAM_KEY
 
@@ -99,13 +100,21 @@ def test_a_second_compile_loads_the_graph_on_its_streams_without_running_the_pas
 def test_other_options_or_another_pass_compile_anew() -> None:
     model = TwoBranches().eval()
     runs = Runs()
-    assert not _compile_and_check(model, _config(runs)).loaded
+    compiled = _compile_and_check(model, _config(runs))
+    assert not compiled.loaded
     threads = _config(runs)
     threads.stream_config.threads_per_stream = 2
     assert not _compile_and_check(model, threads).loaded
     assert not _compile_and_check(model, _config(runs, nonce=_NONCE + "-edited")).loaded
-    assert _compile_and_check(model, _config(runs)).loaded
-    assert len(runs) == 3
+    loaded = _compile_and_check(model, _config(runs))
+    assert loaded.loaded and len(runs) == 3
+    # what explain, dumps and messages read of each node survives the load
+    assert _paths(loaded) == _paths(compiled) and ["right"] in _paths(loaded)
+
+
+def _paths(graph: airstream.CompiledGraph) -> list[list[str]]:
+    nodes = graph.graph_module.graph.nodes
+    return [module_paths(n) for n in nodes if n.op == "call_function" and module_paths(n)]
 
 
 def test_airstream_is_never_served_inductors_entry_for_the_same_graph() -> None:

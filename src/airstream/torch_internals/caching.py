@@ -62,7 +62,8 @@ def bundling_compile() -> bool:
 
 @_feature(
     "graph_pickler",
-    "torch.fx._graph_pickler.GraphPickler.dumps(gm, Options(ops_filter=None)) / "
+    "torch.fx._graph_pickler.GraphPickler.dumps(gm, Options(ops_filter=None, "
+    "node_metadata_key_filter=...)) / "
     ".loads(data, fake_mode)",
     "compile-cache",
     "saving a graph with its node metadata (fake tensors included)",
@@ -70,14 +71,48 @@ def bundling_compile() -> bool:
 def _probe_graph_pickler() -> tuple[Any, Any]:
     pickler = _attr("torch.fx._graph_pickler:GraphPickler")
     options = _attr("torch.fx._graph_pickler:Options")
-    _takes(options, "ops_filter")
+    _takes(options, "ops_filter", "node_metadata_key_filter")
     return pickler, options
 
 
+_MODULE_STACKS = ("nn_module_stack", "fwd_nn_module_stack")
+_UNSAVED_META = frozenset({"source_fn_stack", "fwd_source_fn_stack"})  # callables and classes
+
+
+def _plain_stack(stack: Mapping[str, Any]) -> dict[str, Any]:
+    """A module stack with each module class by its qualified name: what explain, dumps and
+    ``module_paths`` read (the paths), in a form pickle can save (a class defined in a function
+    cannot be)."""
+    plain: dict[str, Any] = {}
+    for key, value in stack.items():
+        if isinstance(value, tuple) and len(value) == 2:
+            kind = value[1]
+            name = f"{kind.__module__}.{kind.__qualname__}" if isinstance(kind, type) else kind
+            plain[key] = (str(value[0]), str(name))
+        else:
+            plain[key] = str(value)
+    return plain
+
+
 def dump_graph(gm: torch.fx.GraphModule) -> bytes:
-    """``gm`` (its code, nodes and node metadata) as bytes."""
+    """``gm`` (its code, nodes and node metadata, module stacks with their classes by name) as
+    bytes; the graph itself is left as it was."""
     pickler, options = _get("graph_pickler")
-    data: bytes = pickler.dumps(gm, options(ops_filter=None))
+    replaced: list[tuple[torch.fx.Node, str, Any]] = []
+    for node in gm.graph.nodes:
+        for key in _MODULE_STACKS:
+            stack = node.meta.get(key)
+            if isinstance(stack, Mapping) and stack:
+                replaced.append((node, key, stack))
+                node.meta[key] = _plain_stack(stack)
+    try:
+        data: bytes = pickler.dumps(
+            gm,
+            options(ops_filter=None, node_metadata_key_filter=lambda k: k not in _UNSAVED_META),
+        )
+    finally:
+        for node, key, stack in replaced:
+            node.meta[key] = stack
     return data
 
 
