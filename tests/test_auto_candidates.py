@@ -88,6 +88,8 @@ def test_no_alternative_is_proposed_when_asked_for_none(
     compiled, backend = compile_model(model, _config(alternatives=0))
     _run(compiled, model, 1)
     assert graph_of(backend, "inference").graph_module.meta["airstream_auto_streams"].applied
+    assert len(finished_graphs) == 1  # the placement: one stream compiles at its first turn
+    _run(compiled, model, 2)
     assert len(finished_graphs) == 2  # the placement and one stream
     with pytest.raises(ValueError, match="alternatives must be >= 0"):
         passes.auto_streams(alternatives=-1)
@@ -123,6 +125,8 @@ def test_a_kept_alternative_is_the_only_graph_a_later_compile_builds(
     finished_graphs.clear()
     compiled, backend = compile_model(model, _config())
     _run(compiled, model, 2)
+    assert len(finished_graphs) == 1  # the placement: the others compile at their turns
+    _run(compiled, model, 4)
     assert len(finished_graphs) == 3
 
 
