@@ -15,9 +15,11 @@ its first decode step, which compiles (or loads) and runs. Cases:
 - ``auto_streams <mode>``: ``torch.compile`` with ``passes.auto_streams()``, its placement
   measured against one stream (``stream_config.measure_placement``, the default ``"auto"``: a
   second compile where it places streams); ``auto_streams-predicted <mode>``: the same with
-  the measuring off. The step timings then include the measuring's first calls; after them the
-  process calls on until the measuring has decided, as a serving process would, so the warm
-  process finds the decision on disk (``AIRSTREAM_DECISIONS``) and measures nothing.
+  the measuring off. The step timings then include the measuring's first calls (and the other
+  candidates' compiles, each at its first turn); after them the process calls on until the
+  measuring has decided, as a serving process would, so the warm process finds the decision on
+  disk (``AIRSTREAM_DECISIONS``) and measures nothing; the report says how long after
+  ``torch.compile`` the decision came.
 
 Medians of ``rounds`` cold/warm pairs, the cases interleaved (each round runs every case once);
 warm/cold is the figure the cache is judged by. The first call's time starts at
@@ -175,7 +177,10 @@ def _child(model_name: str, case: str) -> dict[str, Any]:
         steps.append(time.perf_counter() - began)
     measured = ""
     if kind == "auto_streams":  # on until it has decided, as a serving process would be
+        began = time.perf_counter()
         measured = measure_until_decided(backend, step)
+        decided = first + sum(steps) + time.perf_counter() - began
+        measured = f"{measured} [decided {decided:.2f} s after torch.compile]"
     del torch
     return {
         "first_call": first,
