@@ -254,6 +254,31 @@ def test_what_torch_cannot_save_runs_compiled_with_one_warning(tmp_path: Path) -
     assert not list(tmp_path.glob("*/compiled.bin"))
 
 
+_STREAM = torch.Stream(device="cpu")
+
+
+def _on_the_models_stream(x: torch.Tensor) -> torch.Tensor:
+    with _STREAM:  # a torch.Stream object in the graph: airstream cannot pickle it
+        y = torch.sin(x) * 2
+    return y + 1
+
+
+def test_a_graph_airstream_cannot_save_runs_compiled_with_one_warning(tmp_path: Path) -> None:
+    cached = airstream.cache_compile(_on_the_models_stream, cache_dir=tmp_path)
+    x = torch.randn(8)
+    with pytest.warns(airstream.CacheWarning) as record, torch.no_grad():
+        torch.testing.assert_close(cached(x), torch.sin(x) * 2 + 1)
+        torch.testing.assert_close(cached(x), torch.sin(x) * 2 + 1)
+    (warning,) = record
+    assert re.search(
+        r"_on_the_models_stream cannot be compiled ahead of time \(airstream could not save "
+        r"the graph: TypeError: cannot pickle 'torch.Stream' object\); it is compiled in this "
+        r"process",
+        str(warning.message),
+    ), str(warning.message)
+    assert not list(tmp_path.glob("*/compiled.bin"))
+
+
 def test_pass_identity_tells_passes_apart() -> None:
     def make(regex: str) -> Any:
         def graph_pass(gm: Any, example_inputs: Any, config: Any) -> None:

@@ -247,7 +247,8 @@ class CachedFunction:
             compiled = torch_internals.aot_compile(
                 self.fn, backend, args, kwargs, self.dynamic, digest(key)
             )
-        except torch_internals.package_error() as exc:  # what torch cannot save, e.g. a guard
+        # what torch cannot save (a guard), or what airstream cannot (an object in the graph)
+        except (torch_internals.package_error(), torch_internals.not_cached_error()) as exc:
             _warn(
                 f"{name} cannot be compiled ahead of time ({exc}); it is compiled in this "
                 "process with torch.compile and not saved, so the next process compiles it too"

@@ -94,6 +94,7 @@ from airstream.torch_internals.graph_cache import (
     autograd_cache_off,
     autograd_cache_on,
     not_cached,
+    not_cached_error,
     saving_graphs,
     serializable_compiler,
 )
@@ -192,6 +193,7 @@ __all__ = [
     "autograd_cache_off",
     "autograd_cache_on",
     "not_cached",
+    "not_cached_error",
     "saving_graphs",
     "serializable_compiler",
     "bundling_compile",

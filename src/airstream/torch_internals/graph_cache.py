@@ -105,3 +105,10 @@ def autograd_cache_off() -> Iterator[None]:
         return
     with found[1].patch(enable_autograd_cache=False):
         yield
+
+
+def not_cached_error() -> type[Exception]:
+    """The type of :func:`not_cached`'s exception (what AOTAutograd raises on with its strict
+    cache, as an ahead-of-time compile sets it)."""
+    found = _found()
+    return RuntimeError if found is None else found[3]
