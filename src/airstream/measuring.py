@@ -67,9 +67,7 @@ def finish_placed(
     if measuring is not None and measuring.settled is not None:
         # a static graph an earlier process decided: only the candidate it kept compiles
         settled = measuring.settled
-        graph = {ONE_STREAM: measuring.one_stream, **measuring.alternatives}.get(
-            str(settled.chosen), gm
-        )
+        graph = measuring.alternatives.get(str(settled.chosen), measuring.one_stream or gm)
         graph.meta[MEASUREMENT_KEY] = Measurements("", {ALL_SIZES: settled}, ALL_SIZES)
         return finish(graph, observer=observer, capture_pool=capture_pool, loaded=loaded)
     executor = finish(gm, observer=observer, capture_pool=capture_pool, loaded=loaded)
@@ -82,6 +80,7 @@ def finish_placed(
         candidates[name] = _deferred(finish, graph)
     # simplest first: a placement must beat a simpler one (measured.decide)
     candidates = dict(sorted(candidates.items(), key=lambda c: measuring.crossings[c[0]]))
+    assert measuring.one_stream is not None  # built wherever nothing was settled
     candidates[ONE_STREAM] = _deferred(finish, measuring.one_stream)
     options = config.stream_config
     sizes, store = measuring.sizes, measuring.store
@@ -106,12 +105,13 @@ def _deferred(finish: Callable[..., Executor], graph: torch.fx.GraphModule) -> D
 
 @dataclass(frozen=True)
 class _Measuring:
-    """What measuring a placed graph needs, taken before it is fused: the graph on one stream,
-    auto_streams' alternatives (by candidate name), its size ranges (None: static), where its
-    decisions are kept (None: nowhere), those kept before (by range), and a static graph's
-    decision kept before (``settled``: then only the candidate it kept is built)."""
+    """What measuring a placed graph needs, taken before it is fused: the graph on one stream
+    (None where a stored decision kept another candidate), auto_streams' alternatives (by
+    candidate name), its size ranges (None: static), where its decisions are kept (None:
+    nowhere), those kept before (by range), and a static graph's decision kept before
+    (``settled``: then only the candidate it kept is built)."""
 
-    one_stream: torch.fx.GraphModule
+    one_stream: torch.fx.GraphModule | None
     alternatives: dict[str, torch.fx.GraphModule]
     sizes: SizeRanges | None
     store: DecisionStore | None
@@ -152,7 +152,9 @@ def _measuring(gm: torch.fx.GraphModule, config: CompilerConfig, kind: str) -> _
             in_original_order(graph)
         alternatives[candidate] = graph
     crossings = {PLACED: _crossings(gm), **{k: _crossings(g) for k, g in alternatives.items()}}
-    return _Measuring(on_one_stream(gm), alternatives, sizes, store, known, settled, crossings)
+    # a decision kept before for another candidate: no one-stream copy to build
+    one_stream = None if settled is not None and settled.chosen != ONE_STREAM else on_one_stream(gm)
+    return _Measuring(one_stream, alternatives, sizes, store, known, settled, crossings)
 
 
 def _label_in(candidate: str, node: torch.fx.Node) -> str | None:
