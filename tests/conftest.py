@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import getpass
 import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,6 +27,18 @@ os.environ.setdefault("AIRSTREAM_DECISIONS", "off")
 # on CPU, max-autotune, is an Inductor compile per segment. tests/test_mode.py tests the default
 # itself; the max-autotune tests set the mode.
 os.environ.setdefault("AIRSTREAM_MODE", "reduce-overhead")
+# torch.compile's graphs are kept in AOTAutograd's cache (airstream.graph_cache). Within a run,
+# a test that compiles a graph an earlier test compiled loads it, which exercises the load path.
+# Across runs, an entry an earlier run saved would serve a test whose pass records what it
+# computed (a load runs no pass). So the tests keep Inductor's caches in a directory of their own
+# and each run starts with its AOTAutograd entries deleted (pytest_configure); the segments' FX
+# graph cache stays, so a second run compiles no kernel the first compiled.
+if "AIRSTREAM_TESTS_INDUCTOR_CACHE" not in os.environ:  # set once: xdist's workers inherit it
+    _inductor_cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"
+    )
+    os.environ["AIRSTREAM_TESTS_INDUCTOR_CACHE"] = os.path.join(_inductor_cache, "airstream-tests")
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.environ["AIRSTREAM_TESTS_INDUCTOR_CACHE"]
 
 
 # Two test sets. The default set (`python -m pytest -q -n auto`) keeps every code path and runs
@@ -44,6 +59,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # once per run, before xdist starts its workers
+        shutil.rmtree(os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "aotautograd"), True)
     # before the test modules are imported: their @settings inherit the profile's counts
     if config.getoption("--hypothesis-profile", None) is None:
         settings.load_profile("full" if config.getoption("--runslow") else "default")

@@ -408,14 +408,17 @@ def _module_nodes(gm: torch.fx.GraphModule, module: str) -> set[torch.fx.Node]:
 @functools.cache
 def _post_grad_graph(arch_name: str) -> tuple[Any, torch.fx.GraphModule]:
     """A model suite architecture and the graph a pass sees for it (12 positions), compiled
-    once per process and shared by the tests that read it (none of them changes it)."""
+    once per process and shared by the tests that read it (none of them changes it). Compiled
+    without AOTAutograd's cache: another xdist worker's compile of the same model and pass
+    would otherwise be loaded, and a load runs no pass."""
+    from airstream import torch_internals
     from airstream.selftest.models import ARCHS, _inputs
 
     arch = ARCHS[arch_name]
     store: dict[str, Any] = {}
     model = arch.build()
     compiled, _ = compile_model(model, _config(_grab(store, lambda gm: gm)))
-    with torch.no_grad():
+    with torch.no_grad(), torch_internals.autograd_cache_off():
         compiled(**_inputs(arch, 12))
     return model, store["result"]
 
