@@ -24,6 +24,7 @@ from airstream.option_checks import (
     pass_slot,
     positive_int,
     size_bounds,
+    thread_counts,
 )
 from airstream.options import Option, OptionGroup
 
@@ -168,7 +169,7 @@ class StreamConfig(OptionGroup):
             "auto",
             choice("auto", True, False),
             "keep the streams the passes placed only where they measure faster than one stream: "
-            "a CPU inference graph on several streams is compiled on one stream too, the two "
+            "a CPU graph on several streams is compiled on one stream too, the two "
             "run in turn over its first calls and the slower one is dropped; 'auto': where "
             "auto_streams placed them, True: any placement, False: none",
         ),
@@ -187,6 +188,14 @@ class StreamConfig(OptionGroup):
             "measure_placement, for a graph compiled with dynamic sizes: a decision per size "
             "range, measured on the first calls in each; 'pow2': ranges 1, 2..3, 4..7, ...; "
             "or upper bounds such as (1, 256): ranges 0..1, 2..256, 257..",
+        ),
+        "measure_threads": Option(
+            "auto",
+            thread_counts,
+            "measure_placement: the placement is measured with these intra-op threads per "
+            "stream too, beside threads_per_stream (each another compile); 'auto': the "
+            "process's intra-op threads split evenly over the placement's streams, where that "
+            "differs from threads_per_stream; () for none",
         ),
     }
 

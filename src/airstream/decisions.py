@@ -74,7 +74,12 @@ def _fields(
         "graph": digest(_graph_text(gm, stream_key)),
         "kind": kind,
         "mode": mode,
-        "measuring": [options.measure_calls, options.measure_min_gain, options.measure_ranges],
+        "measuring": [
+            options.measure_calls,
+            options.measure_min_gain,
+            options.measure_ranges,
+            options.measure_threads,
+        ],
         "threads_per_stream": options.threads_per_stream,
         "machine": calibration.identity(),
         "costs": calibration_digest(),

@@ -2,7 +2,8 @@
 (:func:`airstream.finish.finish_graph`), or, where ``stream_config.measure_placement`` measures
 it, the candidates timed against each other over its first calls
 (:class:`airstream.runtime.measured.MeasuredExecutor`): the placement, auto_streams'
-alternatives and the graph on one stream, each finished on its own: the placement now, the
+alternatives, the placement with other thread counts per stream (``measure_threads``) and the
+graph on one stream, each finished on its own: the placement now, the
 others at their first call (:class:`airstream.runtime.deferred.DeferredExecutor`).
 
 A compile (:class:`airstream.pipeline.GraphCompiler`) and a graph loaded from a compile cache
@@ -27,7 +28,7 @@ from airstream.nodes import AUTO_STREAMS_KEY, CANDIDATES_KEY, MEASUREMENT_KEY, N
 from airstream.observers import CompileObserver
 from airstream.passes.auto.candidates import LIST_SCHEDULE, in_original_order, measured_here
 from airstream.passes.manager import PassResult
-from airstream.placements import on_one_stream, on_streams
+from airstream.placements import as_placed, on_one_stream, on_streams
 from airstream.runtime.capture_pool import CapturePool
 from airstream.runtime.codegen import Executor
 from airstream.runtime.deferred import DeferredExecutor
@@ -42,7 +43,7 @@ from airstream.runtime.measured import (
 from airstream.runtime.size_ranges import SizeRanges, size_ranges
 from airstream.streams import STREAM_KEY, uses_streams
 
-__all__ = ["finish_placed"]
+__all__ = ["finish_placed", "threads_candidate"]
 
 
 def finish_placed(
@@ -63,25 +64,32 @@ def finish_placed(
     finish = functools.partial(
         finish_graph, config=config, kind=kind, results=results, static_inputs=static_inputs
     )
-    measuring = _measuring(gm, config, kind) if _measures(gm, config, kind) else None
+    measuring = _measuring(gm, config, kind) if _measures(gm, config) else None
     if measuring is not None and measuring.settled is not None:
         # a static graph an earlier process decided: only the candidate it kept compiles
         settled = measuring.settled
-        graph = measuring.alternatives.get(str(settled.chosen), measuring.one_stream or gm)
-        graph.meta[MEASUREMENT_KEY] = Measurements("", {ALL_SIZES: settled}, ALL_SIZES)
-        return finish(graph, observer=observer, capture_pool=capture_pool, loaded=loaded)
+        kept = measuring.alternatives.get(str(settled.chosen))
+        kept = kept or _Candidate(measuring.one_stream or gm)
+        kept.graph.meta[MEASUREMENT_KEY] = Measurements("", {ALL_SIZES: settled}, ALL_SIZES)
+        return finish(
+            kept.graph,
+            config=_with_threads(config, kept.threads),
+            observer=observer,
+            capture_pool=capture_pool,
+            loaded=loaded,
+        )
     executor = finish(gm, observer=observer, capture_pool=capture_pool, loaded=loaded)
     if measuring is None:
         return executor
     # the other candidates compile at their first call (each on a call measuring does not
     # time), so the graph's first call waits for the placement's compile alone
     candidates: dict[str, Executor] = {PLACED: executor}
-    for name, graph in measuring.alternatives.items():  # auto_streams' other placements
-        candidates[name] = _deferred(finish, graph)
+    for name, candidate in measuring.alternatives.items():  # other placements, thread counts
+        candidates[name] = _deferred(finish, candidate, config)
     # simplest first: a placement must beat a simpler one (measured.decide)
     candidates = dict(sorted(candidates.items(), key=lambda c: measuring.crossings[c[0]]))
     assert measuring.one_stream is not None  # built wherever nothing was settled
-    candidates[ONE_STREAM] = _deferred(finish, measuring.one_stream)
+    candidates[ONE_STREAM] = _deferred(finish, _Candidate(measuring.one_stream), config)
     options = config.stream_config
     sizes, store = measuring.sizes, measuring.store
     measured = MeasuredExecutor(
@@ -97,22 +105,50 @@ def finish_placed(
     return measured
 
 
-def _deferred(finish: Callable[..., Executor], graph: torch.fx.GraphModule) -> DeferredExecutor:
-    """``graph`` finished at its first call (its compile events go nowhere: the graph the
+def _deferred(
+    finish: Callable[..., Executor], candidate: _Candidate, config: CompilerConfig
+) -> DeferredExecutor:
+    """``candidate`` finished at its first call (its compile events go nowhere: the graph the
     backend reports is the placement's)."""
-    return DeferredExecutor(functools.partial(finish, graph, observer=CompileObserver()))
+    return DeferredExecutor(
+        functools.partial(
+            finish,
+            candidate.graph,
+            config=_with_threads(config, candidate.threads),
+            observer=CompileObserver(),
+        )
+    )
+
+
+def _with_threads(config: CompilerConfig, threads: int | None) -> CompilerConfig:
+    """``config``, or a copy of it whose streams run with ``threads`` intra-op threads each."""
+    if threads is None:
+        return config
+    out = config.copy()
+    out.stream_config.threads_per_stream = threads
+    return out
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A graph measured beside the placement: another placement, one stream, or the placement
+    itself with ``threads`` intra-op threads per stream (None: ``threads_per_stream``'s)."""
+
+    graph: torch.fx.GraphModule
+    threads: int | None = None
 
 
 @dataclass(frozen=True)
 class _Measuring:
     """What measuring a placed graph needs, taken before it is fused: the graph on one stream
-    (None where a stored decision kept another candidate), auto_streams' alternatives (by
-    candidate name), its size ranges (None: static), where its decisions are kept (None:
-    nowhere), those kept before (by range), and a static graph's decision kept before
-    (``settled``: then only the candidate it kept is built)."""
+    (None where a stored decision kept another candidate), the other candidates by name
+    (auto_streams' alternatives, the placement with other thread counts), its size ranges
+    (None: static), where its decisions are kept (None: nowhere), those kept before (by
+    range), and a static graph's decision kept before (``settled``: then only the candidate it
+    kept is built)."""
 
     one_stream: torch.fx.GraphModule | None
-    alternatives: dict[str, torch.fx.GraphModule]
+    alternatives: dict[str, _Candidate]
     sizes: SizeRanges | None
     store: DecisionStore | None
     known: dict[str, Measurement]
@@ -140,21 +176,43 @@ def _measuring(gm: torch.fx.GraphModule, config: CompilerConfig, kind: str) -> _
     store = decision_store(gm, config, kind, mode, STREAM_KEY)
     known = store.load() if store is not None else {}
     names = {f"auto_streams {name}": name for name in gm.meta.get(NAMES_KEY, ())}
+    threads = {threads_candidate(t): t for t in _thread_counts(gm, config)}
     settled = known.get(ALL_SIZES) if sizes is None else None
-    if settled is not None and settled.chosen not in (PLACED, ONE_STREAM, *names):
+    if settled is not None and settled.chosen not in (PLACED, ONE_STREAM, *threads, *names):
         settled = None  # kept for candidates this compile does not have: measured again
-    alternatives = {}
+    kept = None if settled is None else settled.chosen  # decided before: only it is built
+    alternatives = {
+        n: _Candidate(as_placed(gm), t) for n, t in threads.items() if kept in (None, n)
+    }
     for candidate, name in names.items():
-        if settled is not None and settled.chosen != candidate:
-            continue  # decided before: only what was kept is built
-        graph = on_streams(gm, functools.partial(_label_in, name))
-        if name != LIST_SCHEDULE:
-            in_original_order(graph)
-        alternatives[candidate] = graph
-    crossings = {PLACED: _crossings(gm), **{k: _crossings(g) for k, g in alternatives.items()}}
+        if kept in (None, candidate):
+            graph = on_streams(gm, functools.partial(_label_in, name))
+            if name != LIST_SCHEDULE:
+                in_original_order(graph)
+            alternatives[candidate] = _Candidate(graph)
+    crossings = {PLACED: _crossings(gm)}
+    crossings.update({k: _crossings(c.graph) for k, c in alternatives.items()})
     # a decision kept before for another candidate: no one-stream copy to build
     one_stream = None if settled is not None and settled.chosen != ONE_STREAM else on_one_stream(gm)
     return _Measuring(one_stream, alternatives, sizes, store, known, settled, crossings)
+
+
+def threads_candidate(threads: int) -> str:
+    """The name of the placement measured with ``threads`` intra-op threads per stream."""
+    return f"{PLACED}, {threads} threads per stream"
+
+
+def _thread_counts(gm: torch.fx.GraphModule, config: CompilerConfig) -> tuple[int, ...]:
+    """The thread counts per stream the placement is measured with beside
+    ``threads_per_stream`` (``stream_config.measure_threads``; ``"auto"``: the process's
+    intra-op threads split evenly over the placement's streams)."""
+    options = config.stream_config
+    counts = options.measure_threads
+    if counts == "auto":
+        labels = {n.meta[STREAM_KEY] for n in gm.graph.nodes if STREAM_KEY in n.meta}
+        streams = len(labels | {None})  # main's too
+        counts = (max(1, torch.get_num_threads() // streams),)
+    return tuple(t for t in counts if t != options.threads_per_stream)
 
 
 def _label_in(candidate: str, node: torch.fx.Node) -> str | None:
@@ -163,16 +221,14 @@ def _label_in(candidate: str, node: torch.fx.Node) -> str | None:
     return labels.get(candidate) if isinstance(labels, dict) else None
 
 
-def _measures(gm: torch.fx.GraphModule, config: CompilerConfig, kind: str) -> bool:
-    """Whether ``stream_config.measure_placement`` measures this graph: a CPU inference graph
-    the passes (with ``"auto"``: auto_streams) put on several streams, run by streams (no debug
-    executor)."""
+def _measures(gm: torch.fx.GraphModule, config: CompilerConfig) -> bool:
+    """Whether ``stream_config.measure_placement`` measures this graph: a CPU graph the passes
+    (with ``"auto"``: auto_streams) put on several streams, run by streams (no debug executor)."""
     setting = config.stream_config.measure_placement
     decision = gm.meta.get(AUTO_STREAMS_KEY)
     auto_placed = decision is not None and bool(getattr(decision, "applied", False))
     return (
         (setting is True or (setting == "auto" and auto_placed))
-        and kind == "inference"
         and measured_here(gm, config)
         and uses_streams(gm)
     )

@@ -27,6 +27,7 @@ __all__ = [
     "pass_style",
     "positive_int",
     "size_bounds",
+    "thread_counts",
 ]
 
 PassSlot = Callable[..., Any] | tuple[Callable[..., Any], ...] | None
@@ -38,6 +39,7 @@ class Invalid(Exception):
 
 Check = Callable[[str, Any], Any]
 """``check(path, value)`` returns the value to store, or raises :class:`Invalid`/``TypeError``."""
+
 
 def anything(path: str, value: Any) -> Any:
     """Accept any value."""
@@ -86,6 +88,18 @@ def size_bounds(path: str, value: Any) -> str | tuple[int, ...]:
         if all(type(b) is int and b >= 1 for b in bounds) and len(set(bounds)) == len(bounds):
             return tuple(sorted(bounds))
     raise Invalid("'pow2', or the ranges' upper bounds as distinct ints >= 1 (such as (1, 256))")
+
+
+def thread_counts(path: str, value: Any) -> str | tuple[int, ...]:
+    """Accept ``"auto"`` or a sequence of distinct ints >= 1, possibly empty (stored sorted, as
+    a tuple): intra-op thread counts per stream."""
+    if value == "auto":
+        return "auto"
+    if isinstance(value, (list, tuple)):
+        counts = tuple(value)
+        if all(type(c) is int and c >= 1 for c in counts) and len(set(counts)) == len(counts):
+            return tuple(sorted(counts))
+    raise Invalid("'auto', or thread counts as distinct ints >= 1 (such as (2, 4); () for none)")
 
 
 def directory(path: str, value: Any) -> str:

@@ -1,6 +1,7 @@
-"""Copies of a lowered graph (:mod:`airstream.streams`) with its calls placed anew: on one
-stream, or on the streams a function gives each node. What measuring compares a placement with
-(:mod:`airstream.measuring`: one stream, auto_streams' alternatives)."""
+"""Copies of a lowered graph (:mod:`airstream.streams`): as placed, or with its calls placed
+anew: on one stream, or on the streams a function gives each node. What measuring compares a
+placement with (:mod:`airstream.measuring`: one stream, auto_streams' alternatives, the
+placement with other thread counts)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,17 @@ import torch.fx
 from airstream.ops.library import air_op_for, record, scope_enter, scope_exit, wait, wait_tensor
 from airstream.streams import STREAM_KEY
 
-__all__ = ["on_one_stream", "on_streams"]
+__all__ = ["as_placed", "on_one_stream", "on_streams"]
 
 _STREAM_STEPS = (scope_enter, scope_exit, record, wait, wait_tensor)
+
+
+def as_placed(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of a graph as it stands, sharing its parameters and node values: one a compile
+    may fuse without changing ``gm``."""
+    out = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # node meta copied, values shared
+    out.meta.update(gm.meta)
+    return out
 
 
 def on_one_stream(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -30,8 +39,7 @@ def on_streams(
     (``wait_tensor(x, dep)`` is ``x``): the planner adds the syncs the new placement needs. On
     one stream, the same program as one stream runs it, where markers would order nothing and
     cut its max-autotune segments short."""
-    out = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # node meta copied, values shared
-    out.meta.update(gm.meta)
+    out = as_placed(gm)
     graph = out.graph
     for node in reversed(graph.nodes):  # users before what they use
         op = node.target if node.target in _STREAM_STEPS else air_op_for(node.target)
