@@ -6,6 +6,7 @@ a real clock picked."""
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +18,8 @@ from tests.conftest import assert_same, cause_of, compile_model, graph_of
 import airstream
 from airstream import passes
 from airstream.errors import ConfigError
+from airstream.measuring import threads_candidate
+from airstream.observers import CompiledGraph, CompileObserver
 from airstream.runtime.measured import (
     ONE_STREAM,
     PLACED,
@@ -24,7 +27,7 @@ from airstream.runtime.measured import (
     Measurement,
     decide,
 )
-from airstream.streams import STREAM_KEY
+from airstream.streams import STREAM_KEY, uses_streams
 
 
 class _Fake:
@@ -128,6 +131,7 @@ def _config(calls: int = 2) -> airstream.CompilerConfig:
     config.post_grad_custom_pre_pass = right_on_side
     config.stream_config.measure_placement = True
     config.stream_config.measure_calls = calls
+    config.stream_config.measure_threads = ()  # the same candidates on a machine of any size
     return config
 
 
@@ -162,17 +166,33 @@ def test_in_the_default_mode_the_one_stream_candidate_has_segments_of_its_own() 
     assert {s.segment.stream for s in graph.segments if s.node is not None} >= {None, "side"}
 
 
-def test_what_is_not_measured_runs_as_placed() -> None:
+@pytest.mark.usefixtures("default_mode")
+def test_a_training_steps_forward_and_backward_are_each_measured() -> None:
     model = TwoBranches()
-    # training: forward and backward graphs run as placed
+    reference = copy.deepcopy(model)
     compiled, backend = compile_model(model, _config())
-    x = torch.randn(4, 16, requires_grad=True)
-    compiled(x).sum().backward()
-    assert all(g.measurement is None for g in backend.graphs)
-    # one stream already: nothing to measure
+    for step in range(4 * 2 + 1):  # 2 timed calls of each candidate (each after an untimed one)
+        x = torch.randn(4, 16, generator=torch.Generator().manual_seed(step), requires_grad=True)
+        x_ref = x.detach().clone().requires_grad_()
+        out, out_ref = compiled(x), reference(x_ref)
+        out.sum().backward()
+        out_ref.sum().backward()
+        assert_same(out, out_ref, rtol=1e-5, atol=1e-5)
+        assert_same(x.grad, x_ref.grad, rtol=1e-5, atol=1e-5)
+        for mine, theirs in zip(model.parameters(), reference.parameters(), strict=True):
+            assert_same(mine.grad, theirs.grad, rtol=1e-4, atol=1e-4)
+    assert sorted(g.kind for g in backend.graphs) == ["backward", "forward"]
+    for graph in backend.graphs:  # each graph decides on its own calls
+        m = graph.measurement
+        assert m is not None and m.chosen in (ONE_STREAM, PLACED), graph.kind
+        assert {k: len(v) for k, v in m.seconds.items()} == {ONE_STREAM: 2, PLACED: 2}
+        assert uses_streams(graph.graph_module), graph.kind  # the placement's graph is reported
+
+
+def test_a_graph_on_one_stream_is_not_measured() -> None:
     config = _config()
     config.post_grad_custom_pre_pass = None
-    compiled, backend = compile_model(model.eval(), config)
+    compiled, backend = compile_model(TwoBranches().eval(), config)
     with torch.no_grad():
         compiled(torch.randn(4, 16))
     assert graph_of(backend, "inference").measurement is None
@@ -208,6 +228,8 @@ def test_by_default_auto_streams_placements_are_measured_and_a_hand_pass_is_not(
         ("measure_min_gain", 2, "a number from 0 to 1"),
         ("measure_calls", 0, "an int >= 1"),
         ("measure_placement", "yes", "'auto', True, False"),
+        ("measure_threads", (0, 2), "thread counts as distinct ints >= 1"),
+        ("measure_threads", "all", "'auto', or thread counts"),
     ],
 )
 def test_a_bad_measure_option_is_named(option: str, value: Any, allowed: str) -> None:
@@ -217,6 +239,90 @@ def test_a_bad_measure_option_is_named(option: str, value: Any, allowed: str) ->
     error = cause_of(raised.value, ConfigError)
     assert error is not None
     assert f"stream_config.{option}" in str(error) and allowed in str(error)
+
+
+class _Finished(CompileObserver):
+    """Every graph a compile finishes (the placement, each candidate measured beside it)."""
+
+    def __init__(self, inner: CompileObserver, seen: list[CompiledGraph]) -> None:
+        self.inner, self.seen = inner, seen
+
+    def graph_compiled(self, graph: CompiledGraph) -> None:
+        self.seen.append(graph)
+        self.inner.graph_compiled(graph)
+
+
+@pytest.fixture
+def finished(monkeypatch: pytest.MonkeyPatch) -> list[CompiledGraph]:
+    """What each graph finished by the compile became: its executor, its segments."""
+    import airstream.measuring as measuring
+
+    seen: list[CompiledGraph] = []
+    finish = measuring.finish_graph
+
+    def keep(gm: torch.fx.GraphModule, *args: Any, observer: Any, **kwargs: Any) -> Any:
+        return finish(gm, *args, observer=_Finished(observer, seen), **kwargs)
+
+    monkeypatch.setattr(measuring, "finish_graph", keep)
+    return seen
+
+
+class SideFirst(torch.nn.Module):
+    """Two branches, the one a pass puts on a side stream (``right``, whole) called first, so
+    the main stream's branch runs beside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # weights big enough that intra-op threads matter (schedule/overlap.py)
+        self.left = torch.nn.Linear(256, 256)
+        self.right = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.SiLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        side = self.right(x)
+        return torch.relu(self.left(x)) * side
+
+
+@pytest.mark.usefixtures("default_mode")
+def test_the_placement_is_measured_with_other_thread_counts_per_stream(
+    finished: list[CompiledGraph],
+) -> None:
+    model = SideFirst().eval()
+    config = _config()
+    config.stream_config.measure_threads = (2,)
+    compiled, backend = compile_model(model, config)
+    with torch.no_grad():
+        for step in range(3 * 2 * 2 + 1):  # 3 candidates, 2 timed calls each, then one more
+            x = torch.randn(8, 256, generator=torch.Generator().manual_seed(step))
+            assert_same(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    m = graph_of(backend, "inference").measurement
+    two = threads_candidate(2)
+    assert m is not None and m.chosen in (ONE_STREAM, PLACED, two)
+    assert {k: len(v) for k, v in m.seconds.items()} == {PLACED: 2, two: 2, ONE_STREAM: 2}
+    # each candidate compiled on its own: the placement twice (1 and 2 threads), one stream once
+    placed = [g for g in finished if uses_streams(g.graph_module)]
+    by_threads = {g.executor.threads_per_stream: g for g in placed}
+    assert set(by_threads) == {1, 2} and len(finished) == 3
+    for threads, graph in by_threads.items():
+        side = [s for s in graph.segments if s.node is not None and s.segment.stream == "side"]
+        assert side and {s.threads for s in side} == {threads}, graph.segments
+
+
+def test_auto_thread_counts_split_the_processs_threads_over_the_streams() -> None:
+    model = TwoBranches().eval()
+    config = _config()
+    config.stream_config.measure_threads = "auto"
+    before = torch.get_num_threads()
+    for threads, extra in ((4, {threads_candidate(2)}), (2, set())):  # 2 streams
+        torch.set_num_threads(threads)
+        try:
+            compiled, backend = compile_model(model, config)
+            with torch.no_grad():
+                compiled(torch.randn(4, 16))
+        finally:
+            torch.set_num_threads(before)
+        m = graph_of(backend, "inference").measurement
+        assert m is not None and set(m.seconds) == {PLACED, ONE_STREAM} | extra, threads
+        torch.compiler.reset()
 
 
 def test_calls_from_several_threads_each_count_once() -> None:

@@ -20,10 +20,11 @@ __all__ = ["DeferredExecutor"]
 class DeferredExecutor:
     """``build()``'s executor, built once, at the first call."""
 
-    _boxed_call = True
-
     def __init__(self, build: Callable[[], Executor]) -> None:
         self._build: Callable[[], Executor] | None = build
+        # AOTAutograd hands it the argument list, which a candidate empties; an instance
+        # attribute, so a functools.wraps around it (a backward's) keeps it (see serial.py)
+        self._boxed_call = True
         self._built: Executor | None = None
         self._lock = threading.Lock()
 

@@ -177,8 +177,6 @@ class MeasuredExecutor:
     range of a call's arguments (None: a static graph). Safe to call from several threads (a call
     measured under the lock counts)."""
 
-    _boxed_call = True  # AOTAutograd hands it the argument list, which a candidate empties
-
     def __init__(
         self,
         candidates: Mapping[str, Executor],
@@ -196,6 +194,9 @@ class MeasuredExecutor:
                 f"measuring needs {ONE_STREAM!r} and a placement, got {list(candidates)}"
             )
         self.candidates = dict(candidates)
+        # AOTAutograd hands it the argument list, which a candidate empties; an instance
+        # attribute, so a functools.wraps around it (a backward's) keeps it (see serial.py)
+        self._boxed_call = True
         self.measurements = Measurements(described_sizes)
         self._calls, self._min_gain = calls, min_gain
         self._sizes = sizes

@@ -34,7 +34,7 @@ import torch.fx
 from airstream.calibration import MachineCosts
 from airstream.devices import graph_device
 from airstream.effects import effects
-from airstream.nodes import CANDIDATES_KEY, NAMES_KEY, graph_kind
+from airstream.nodes import CANDIDATES_KEY, NAMES_KEY
 from airstream.passes.auto.pricing import Pricer
 from airstream.passes.auto.roles import Role
 from airstream.passes.auto.simulate import makespan, ordered_by
@@ -103,19 +103,15 @@ def balanced_branches(
 
 def measured_here(gm: torch.fx.GraphModule, config: Any) -> bool:
     """Whether ``stream_config.measure_placement`` can measure this graph once placed: it is
-    not off, and the graph is a CPU inference graph run by streams (no debug executor). A graph
-    saved in a compile cache is measured too: its load finishes it as a compile does.
+    not off, and the graph is a CPU graph (inference, or a training step's forward or backward)
+    run by streams (no debug executor). A graph saved in a compile cache is measured too: its
+    load finishes it as a compile does.
     ``config`` None or without the options (a pass called by hand): no."""
     options = getattr(config, "stream_config", None)
     debug = getattr(config, "debug", None)
     if options is None or debug is None or options.measure_placement is False:
         return False
-    return (
-        graph_kind(gm) == "inference"
-        and not debug.run_eagerly
-        and debug.data_dump.type is None
-        and graph_device(gm).type == "cpu"
-    )
+    return not debug.run_eagerly and debug.data_dump.type is None and graph_device(gm).type == "cpu"
 
 
 def shared_experts_beside(
