@@ -189,6 +189,27 @@ _TINY_QWEN2_MOE = (
 
 
 @slow(
+    "a transformers model's training step compiled by 4 runners, forward and backward each",
+    "tests/test_measured.py::test_a_training_steps_forward_and_backward_are_each_measured",
+)
+def test_bench_train_checks_every_runner_and_measures_both_graphs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from airstream.bench import train
+
+    monkeypatch.setattr(train, "DECODE_MODELS", {"qwen2-moe": _TINY_QWEN2_MOE})
+    report = train.run_train(("qwen2-moe",), batch=2, length=4, rounds=1, calls=1, inductor=False)
+    runners = report["models"]["qwen2-moe"]
+    assert set(runners) == {"eager", "airstream", "auto_streams", "auto_streams predicted"}
+    assert all(figures["step_ms"] > 0 for figures in runners.values())
+    # the measured runner decided for its forward and its backward before the timing
+    measured = runners["auto_streams"]["measured"]
+    assert measured == "nothing to measure" or measured.count("kept ") >= 1, measured
+    text = train.format_train(report)
+    assert "of one stream" in text and "loss and backward per step" in text
+
+
+@slow(
     "a transformers model compiled by 6 runners, Inductor's C++ kernels among them",
     "tests/test_bench.py::test_serving_loop_report_structure",
 )

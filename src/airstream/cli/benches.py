@@ -163,6 +163,19 @@ def _decode(a: argparse.Namespace) -> Report:
     return report, format_decode(report)
 
 
+def _train(a: argparse.Namespace) -> Report:
+    from airstream.bench.train import TRAIN_MODELS, format_train, run_train
+
+    report = run_train(
+        _models("train", a.models, TRAIN_MODELS),
+        batch=a.tokens,
+        rounds=a.rounds,
+        calls=a.calls,
+        inductor=not a.no_inductor,
+    )
+    return report, format_train(report)
+
+
 def _modes(a: argparse.Namespace) -> Report:
     from airstream.bench.modes import MODES, format_modes, run_modes
 
@@ -262,6 +275,11 @@ BENCHES: Mapping[str, Bench] = {
         _decode,
         {"tokens": 4, "calls": 3},
         on_device=True,
+    ),
+    "train": Bench(
+        "training steps of the decode models (--models): auto_streams measured per graph",
+        _train,
+        {"tokens": 2, "calls": 3},
     ),
     "serving-loop": Bench("models called alone and between eager sampling work", _serving),
     "restart": Bench(

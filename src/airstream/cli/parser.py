@@ -290,8 +290,8 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     bench.add_argument(
         "--models",
         default="",
-        help="decode: comma-separated models (default all: qwen2-moe, deepseek-v3, llama); "
-        "serving-loop: (default all: moe, heads, decode)",
+        help="decode, train: comma-separated models (default all: qwen2-moe, deepseek-v3, "
+        "llama); serving-loop: (default all: moe, heads, decode)",
     )
     bench.add_argument(
         "--cases",
