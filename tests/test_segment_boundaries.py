@@ -188,6 +188,34 @@ def test_a_segment_is_given_every_size_symbol_its_code_uses(default_mode: None) 
     assert len(symbolic) == 2, "n, and an input giving the symbol n was found equal to"
 
 
+def _constants_beside_a_side_stream(x: torch.Tensor) -> torch.Tensor:
+    torch.ops.air.scope_enter([STREAM_LABEL_KEY], ["side"])
+    y = x.sin() * 2
+    torch.ops.air.scope_exit()
+    made = torch.full((8,), 2.0) * 3  # segment main_0 (full, mul_1): no tensor input
+    return y + made
+
+
+def test_a_segment_without_inputs_compiles_in_a_candidate_built_at_its_first_call() -> None:
+    """A segment of constants (DeepSeek's and Qwen2-MoE's scalar_tensor before a wait) found its
+    fake mode in the compile's tracing context only; a measured candidate compiled at its first
+    call has none, so the segment ran as aten code (a warning, in bench train)."""
+    config = airstream.CompilerConfig()
+    config.mode = "max-autotune"
+    config.debug.strict_max_autotune = True  # a fallback is an error here
+    config.stream_config.measure_placement = True
+    config.stream_config.measure_threads = (2,)  # the placement again, built at its first call
+    config.stream_config.measure_calls = 1
+    compiled, backend = compile_model(_constants_beside_a_side_stream, config)
+    x = torch.randn(8)
+    for _ in range(3 * 2):  # every candidate's turn: each is built and called
+        assert_same(compiled(x), _constants_beside_a_side_stream(x), rtol=1e-6, atol=1e-6)
+    graph = graph_of(backend, "inference")
+    (made,) = [s for s in graph.segments if "full" in s.segment.nodes]
+    assert made.node is not None and graph.fallbacks == 0
+    assert graph.measurement is not None and graph.measurement.chosen is not None
+
+
 # --- cause 4: a view a segment returned came back as a compact copy -------------------------
 # A segment returning a slice of a value it computes (rotary embedding's halves in a backward
 # graph) got it from Inductor as a dense copy of the slice, not the slice with its gaps it was

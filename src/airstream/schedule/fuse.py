@@ -492,9 +492,12 @@ def _compile_one(
     if key in shared:
         compiled, kernels = shared[key]
         return compiled, kernels, "shared", 0.0, inputs, outputs
-    fake_mode = torch_internals.detect_fake_mode(fakes)
+    # a segment with no tensor input (constants made before a wait) has its mode on its nodes'
+    # values: a candidate compiled at its first call or a load has no tracing context to ask
+    made = [n.meta.get("val") for n in segment.members]
+    fake_mode = torch_internals.detect_fake_mode([*fakes, *made])
     if fake_mode is None:
-        raise RuntimeError("no fake tensor metadata on the segment's inputs")
+        raise RuntimeError("no fake tensor metadata on the segment's inputs or values")
     compiled, kernels, cache = _compile(
         sub, fakes, fake_mode, graph_kind, count, outputs, segment.members, release_gil
     )
