@@ -193,7 +193,9 @@ def _measuring(gm: torch.fx.GraphModule, config: CompilerConfig, kind: str) -> _
     crossings = {PLACED: _crossings(gm)}
     crossings.update({k: _crossings(c.graph) for k, c in alternatives.items()})
     # a decision kept before for another candidate: no one-stream copy to build
-    one_stream = None if settled is not None and settled.chosen != ONE_STREAM else on_one_stream(gm)
+    one_stream = None if kept not in (None, ONE_STREAM) else on_one_stream(gm)
+    if one_stream is not None:  # as the graph was before the list schedule reordered it
+        in_original_order(one_stream)
     return _Measuring(one_stream, alternatives, sizes, store, known, settled, crossings)
 
 
