@@ -188,6 +188,23 @@ _TINY_QWEN2_MOE = (
 )
 
 
+def test_bench_threads_sets_each_measured_decision_beside_the_steady_state() -> None:
+    from airstream.bench.threads import format_threads, run_threads, thread_counts
+
+    report = run_threads(experts=2, tokens=4, hidden=64, rounds=1, calls=1, trials=1)
+    counts = thread_counts()
+    assert report["thread_counts"] == list(counts) and counts[0] == 1
+    (decision,) = report["measured"]
+    assert decision.startswith("kept "), decision  # every candidate timed, one kept
+    for count in counts[1:]:  # each other count was a candidate of the measuring
+        assert f"streams as placed, {count} threads per stream" in decision
+    assert set(report["ms"]) == {"one stream"} | {
+        f"2 streams, {c} thread{'s' * (c > 1)} each" for c in counts
+    }
+    assert report["vs_one_stream"]["one stream"] == 1.0
+    assert "steady state, measuring off" in format_threads(report)
+
+
 @slow(
     "a transformers model's training step compiled by 4 runners, forward and backward each",
     "tests/test_measured.py::test_a_training_steps_forward_and_backward_are_each_measured",
@@ -321,7 +338,7 @@ def test_each_benchmark_runs_with_its_own_defaults_and_the_help_says_them(
     assert main(["bench", "mlp", "--mode", "both"]) == 2
     assert "--mode applies to moe, branches-pointwise" in capsys.readouterr().err
     assert benches.default_help("tokens") == (
-        "default 8; kernel-split 256, tp 64, memory 4096, decode 4"
+        "default 8; kernel-split 256, tp 64, memory 4096, decode 4, train 2"
     )
 
 

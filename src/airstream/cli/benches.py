@@ -163,6 +163,15 @@ def _decode(a: argparse.Namespace) -> Report:
     return report, format_decode(report)
 
 
+def _threads(a: argparse.Namespace) -> Report:
+    from airstream.bench.threads import format_threads, run_threads
+
+    report = run_threads(
+        experts=a.experts, tokens=a.tokens, hidden=a.hidden, rounds=a.rounds, calls=a.calls
+    )
+    return report, format_threads(report)
+
+
 def _train(a: argparse.Namespace) -> Report:
     from airstream.bench.train import TRAIN_MODELS, format_train, run_train
 
@@ -275,6 +284,10 @@ BENCHES: Mapping[str, Bench] = {
         _decode,
         {"tokens": 4, "calls": 3},
         on_device=True,
+    ),
+    "threads": Bench(
+        "moe's 2-stream split measured with other threads per stream, beside its steady state",
+        _threads,
     ),
     "train": Bench(
         "training steps of the decode models (--models): auto_streams measured per graph",

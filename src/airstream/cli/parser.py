@@ -261,7 +261,7 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help=f"calls per round (memory: training steps) ({default_help('calls')})",
     )
     bench.add_argument("--ops", type=int, default=200, help="overhead: ops in the chain")
-    bench.add_argument("--experts", type=int, default=8, help="moe: experts E (default 8)")
+    bench.add_argument("--experts", type=int, default=8, help="moe, threads: experts E (default 8)")
     bench.add_argument(
         "--tokens", type=int, default=None, help=f"tokens B ({default_help('tokens')})"
     )
