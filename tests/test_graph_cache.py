@@ -8,6 +8,7 @@ from an earlier run of the suite serves its first compile.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import os
@@ -95,6 +96,32 @@ def test_a_second_compile_loads_the_graph_on_its_streams_without_running_the_pas
     assert ops_by_stream(second) == ops_by_stream(first)
     assert (torch.ops.aten.sin.default, "side") in ops_by_stream(second)
     assert {s.segment.stream for s in second.segments if s.node is not None} == {None, "side"}
+
+
+def test_the_first_compile_on_a_machine_keys_its_entry_with_the_costs_it_measured(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """auto_streams measures the machine's stream costs at its first compile on a machine. The
+    key, computed before the passes run, used to hold no costs, so the next process (costs on
+    disk) missed that entry once: the costs are now measured before the key."""
+    from airstream import calibration, passes
+
+    monkeypatch.setenv("AIRSTREAM_CACHE_DIR", str(tmp_path))  # no costs measured here yet
+    monkeypatch.setenv("AIRSTREAM_COSTS", "measured")
+    monkeypatch.setattr(calibration, "_memo", {})
+    measured: list[int] = []
+
+    def measure(threads: int) -> calibration.MachineCosts:  # this machine's figures, made up
+        measured.append(threads)
+        return dataclasses.replace(calibration.NOMINAL, dispatch_seconds=7.5e-6)
+
+    monkeypatch.setattr(calibration, "_measure_in_child", measure)
+    config = airstream.CompilerConfig()
+    config.post_grad_custom_pre_pass = passes.auto_streams(min_gain=0)
+    model = TwoBranches().eval()
+    assert not _compile_and_check(model, config).loaded and len(measured) == 1
+    assert _compile_and_check(model, config).loaded  # the costs on disk: the same key
+    assert len(measured) == 1
 
 
 def test_other_options_or_another_pass_compile_anew() -> None:

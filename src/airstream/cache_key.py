@@ -31,13 +31,14 @@ from typing import Any
 import torch
 
 from airstream import environment, torch_internals
-from airstream.calibration import stored_costs
+from airstream.calibration import calibrate_for, stored_costs
 from airstream.config import CompilerConfig
 
 __all__ = [
     "airstream_version",
     "cache_key",
     "calibration_digest",
+    "costs_field",
     "digest",
     "option_identities",
     "pass_identity",
@@ -225,10 +226,19 @@ def cache_key(
         "airstream": airstream_version(),
         "python": platform.python_version(),
         "mode_variable": environment.AIRSTREAM_MODE.read(),
-        "costs": [environment.AIRSTREAM_COSTS.read(), calibration_digest()],
+        "costs": costs_field(config),
         "ranks": ranks(),
         "grad": torch.is_grad_enabled(),
     }
+
+
+def costs_field(config: CompilerConfig) -> list[Any]:
+    """What a key holds of the stream costs ``config``'s passes decide with:
+    ``$AIRSTREAM_COSTS`` and the measured figures, measured first where a pass will measure
+    them in this compile (:func:`airstream.calibration.calibrate_for`)."""
+    values = config.as_dict().values()
+    calibrate_for(v for value in values for v in (value if isinstance(value, tuple) else (value,)))
+    return [environment.AIRSTREAM_COSTS.read(), calibration_digest()]
 
 
 def calibration_digest() -> str | None:

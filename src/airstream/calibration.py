@@ -54,7 +54,33 @@ from airstream import environment
 from airstream.cache_dir import cache_root
 from airstream.openmp import OPENMP_VARIABLES
 
-__all__ = ["NOMINAL", "MachineCosts", "cache_path", "identity", "machine_costs", "stored_costs"]
+__all__ = [
+    "NOMINAL",
+    "MachineCosts",
+    "cache_path",
+    "calibrate_for",
+    "identity",
+    "machine_costs",
+    "measures_costs",
+    "stored_costs",
+]
+
+_COSTS_ATTRIBUTE = "airstream_costs"  # on a pass that reads machine_costs(<its value>) when it runs
+
+
+def measures_costs(graph_pass: Any, mode: str | None) -> None:
+    """Mark ``graph_pass`` as one that calls ``machine_costs(mode)`` when it runs."""
+    setattr(graph_pass, _COSTS_ATTRIBUTE, mode)
+
+
+def calibrate_for(passes: Any) -> None:
+    """Measure now (or read) the costs each of ``passes`` marked by :func:`measures_costs` will
+    read: a compile cache's key, computed before the passes run, then holds the figures the
+    passes decide with (a first process on a machine would otherwise save its graph under a key
+    without them, which the next process, calibrated, misses)."""
+    for graph_pass in passes:
+        if hasattr(graph_pass, _COSTS_ATTRIBUTE):
+            machine_costs(getattr(graph_pass, _COSTS_ATTRIBUTE))
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import torch
 from airstream import environment, torch_internals
 from airstream.cache_key import (
     airstream_version,
-    calibration_digest,
+    costs_field,
     digest,
     option_identities,
     pass_identity,
@@ -87,7 +87,7 @@ def graph_cache_key(
             "airstream": airstream_version(),
             "python": platform.python_version(),
             "mode_variable": environment.AIRSTREAM_MODE.read(),
-            "costs": [environment.AIRSTREAM_COSTS.read(), calibration_digest()],
+            "costs": costs_field(config),
             "ranks": ranks(),
         }
     )

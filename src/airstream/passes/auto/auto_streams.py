@@ -50,7 +50,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.calibration import MachineCosts, machine_costs
+from airstream.calibration import MachineCosts, machine_costs, measures_costs
 from airstream.effects import effects
 from airstream.nodes import AUTO_STREAMS_KEY
 from airstream.ops.library import is_air_op
@@ -316,4 +316,6 @@ def auto_streams(
             if s != 0:
                 place_on_stream(gm, [n for n in calls if where[n] == s], f"auto_{s}")
 
+    if not isinstance(costs, MachineCosts):
+        measures_costs(auto_streams_pass, costs)
     return auto_streams_pass
