@@ -188,6 +188,20 @@ _TINY_QWEN2_MOE = (
 )
 
 
+def test_bench_suite_models_times_auto_streams_against_one_stream() -> None:
+    from airstream.bench.suite_models import format_suite_models, run_suite_models
+
+    report = run_suite_models(("qwen2_moe",), rounds=1, calls=1)
+    figures = report["models"]["qwen2_moe"]
+    assert set(figures["ms"]) == {"one stream", "auto_streams", "auto_streams predicted"}
+    assert figures["vs_one_stream"]["one stream"] == 1.0
+    # auto_streams proposes Qwen2-MoE's shared experts for the measuring, which decided
+    (kept,) = figures["kept"]
+    assert kept in ("one stream", "streams as placed") or kept.startswith("auto_streams "), kept
+    text = format_suite_models(report)
+    assert "qwen2_moe" in text and "lowest auto_streams / one stream" in text
+
+
 def test_bench_threads_sets_each_measured_decision_beside_the_steady_state() -> None:
     from airstream.bench.threads import format_threads, run_threads, thread_counts
 

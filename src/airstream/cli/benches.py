@@ -163,6 +163,15 @@ def _decode(a: argparse.Namespace) -> Report:
     return report, format_decode(report)
 
 
+def _suite_models(a: argparse.Namespace) -> Report:
+    from airstream.bench.suite_models import format_suite_models, run_suite_models
+    from airstream.selftest.architectures import ARCHS
+
+    models = _models("suite-models", a.models, tuple(ARCHS))
+    report = run_suite_models(models, rounds=a.rounds, calls=a.calls)
+    return report, format_suite_models(report)
+
+
 def _threads(a: argparse.Namespace) -> Report:
     from airstream.bench.threads import format_threads, run_threads
 
@@ -284,6 +293,11 @@ BENCHES: Mapping[str, Bench] = {
         _decode,
         {"tokens": 4, "calls": 3},
         on_device=True,
+    ),
+    "suite-models": Bench(
+        "auto_streams against one stream on every model suite architecture (--models)",
+        _suite_models,
+        {"rounds": 7, "calls": 50},
     ),
     "threads": Bench(
         "moe's 2-stream split measured with other threads per stream, beside its steady state",

@@ -291,7 +291,8 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--models",
         default="",
         help="decode, train: comma-separated models (default all: qwen2-moe, deepseek-v3, "
-        "llama); serving-loop: (default all: moe, heads, decode)",
+        "llama); serving-loop: (default all: moe, heads, decode); suite-models, compile: "
+        "(default all of the model suite)",
     )
     bench.add_argument(
         "--cases",
