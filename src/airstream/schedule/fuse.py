@@ -1,13 +1,15 @@
 """max-autotune: each segment (``schedule/segments.py``) compiled by Inductor, fused into one node.
 
 For every segment: the views with gaps or broadcasts that are read after it are made after it
-(``views_after``), then its nodes are cut out into a marker-free GraphModule (inputs: the values
-it reads from outside, in order of first use, and any size symbol its code uses that they do not
-give Inductor; outputs: a tuple of the values read after it), decomposed with Inductor's own
-decomposition table, given back each output's recorded layout where a decomposition changed it
-(``_restore_layouts``), and compiled with ``compile_fx_inner`` in a tracing context of the
-graph's fake mode (C++ kernels on CPU, Triton on CUDA); the strides Inductor reports for its
-outputs are then checked against the recorded ones, which the readers were compiled for.
+(``segment_cut.views_after``), then its nodes are cut out into a marker-free GraphModule
+(``segment_cut.segment_module``; inputs: the values it reads from outside, in order of first
+use, and any size symbol its code uses that they do not give Inductor; outputs: a tuple of the
+values read after it), decomposed with Inductor's own decomposition table, given back each
+output's recorded layout where a decomposition changed it
+(``segment_layouts.restore_layouts``), and compiled with ``compile_fx_inner`` in a tracing
+context of the graph's fake mode (C++ kernels on CPU, Triton on CUDA); the strides Inductor
+reports for its outputs are then checked against the recorded ones, which the readers were
+compiled for (``segment_layouts.check_layouts``).
 Inductor's FX graph cache makes a later process reuse the artifacts; within a graph, segments
 with the same code on the same input shapes share one compile (the experts of an MoE layer
 compile once).
@@ -31,29 +33,27 @@ runtime can give it every thread whenever the other streams are waiting.
 
 from __future__ import annotations
 
-import functools
-import itertools
 import logging
 import operator
 import re
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx
 
 from airstream import environment, torch_internals
-from airstream.effects import EFFECTS_KEY, effects, summarize
+from airstream.effects import EFFECTS_KEY, summarize
 from airstream.errors import PassError, TorchSupportError
 from airstream.fused import CompiledSegment, Segment
 from airstream.fusion import is_matmul
-from airstream.layouts import dense_order, hints, same_layout
-from airstream.nodes import MADE_AFTER_KEY, SEGMENT_KEY
+from airstream.nodes import SEGMENT_KEY
 from airstream.schedule.overlap import overlapping_runs
 from airstream.schedule.plan import StreamPlan
+from airstream.schedule.segment_cut import SegmentOutput, segment_module, views_after
+from airstream.schedule.segment_layouts import check_layouts, restore_layouts, wanted_strides
 from airstream.schedule.segments import find_segments
 
 __all__ = [
@@ -89,149 +89,6 @@ def kernel_names(source: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-@dataclass(frozen=True)
-class SegmentOutput:
-    """One value a segment returns: ``node`` (a member), or element ``index`` of a member that
-    returns a tuple (read outside by ``getitem`` nodes, which then index the fused node)."""
-
-    node: torch.fx.Node
-    index: int | None = None
-
-
-def segment_module(
-    gm: torch.fx.GraphModule, segment: Segment
-) -> tuple[torch.fx.GraphModule, list[torch.fx.Node], list[SegmentOutput]]:
-    """The segment as its own GraphModule returning a tuple of tensors, with the outer nodes it
-    reads (its inputs, in order) and what it returns (the values read after it, in order).
-
-    Its inputs are the outer values its members read, in order of first use, then any size
-    symbol its values use that no such input gives Inductor (a size read from a tensor input's
-    dimension, or a symbolic int input): Inductor reads a symbol only from its inputs, and code
-    using one it was not given fails (``name 's11' is not defined``)."""
-    members = list(segment.members)
-    inside = set(members)
-    inputs: list[torch.fx.Node] = []
-    for node in members:
-        for arg in node.all_input_nodes:
-            if arg not in inside and arg not in inputs:
-                inputs.append(arg)
-    inputs += _symbol_inputs(gm, members, inputs)
-    graph = torch.fx.Graph()
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    for index, node in enumerate(inputs):
-        placeholder = graph.placeholder(f"in_{index}")
-        placeholder.meta["val"] = node.meta.get("val")
-        env[node] = placeholder
-    for node in members:
-        env[node] = graph.node_copy(node, env.__getitem__)
-    outputs: list[SegmentOutput] = []
-    values: list[torch.fx.Node] = []
-    for node in members:
-        outside = [user for user in node.users if user not in inside]
-        if not outside:
-            continue
-        if isinstance(node.meta.get("val"), torch.Tensor):
-            outputs.append(SegmentOutput(node))
-            values.append(env[node])
-            continue
-        # a tuple (multi-output op) read after the segment: return the elements read
-        indices = sorted({_tuple_index(node, user) for user in outside})
-        for index in indices:
-            element = graph.call_function(operator.getitem, (env[node], index))
-            element.meta["val"] = node.meta["val"][index]
-            outputs.append(SegmentOutput(node, index))
-            values.append(element)
-    graph.output(tuple(values))
-    return torch.fx.GraphModule(gm, graph, class_name="AirstreamSegment"), inputs, outputs
-
-
-def _symbol_inputs(
-    gm: torch.fx.GraphModule, members: Sequence[torch.fx.Node], inputs: Sequence[torch.fx.Node]
-) -> list[torch.fx.Node]:
-    """Outer nodes giving each size symbol the members' values use and ``inputs`` do not
-    give, defined before the segment (the graph's symbolic int inputs, ``sym_size`` nodes)."""
-    values = [n.meta.get("val") for n in [*members, *inputs]]
-    missing = torch_internals.unbound_symbols([n.meta.get("val") for n in inputs], values)
-    if not missing:
-        return []
-    # graph inputs first: ready on every stream at the call's start, where another stream's
-    # node would cost a sync
-    before = list(itertools.takewhile(lambda n: n is not members[0], gm.graph.nodes))
-    found: list[torch.fx.Node] = []
-    for node in sorted(before, key=lambda n: n.op != "placeholder"):
-        if not missing:
-            break
-        val = node.meta.get("val")
-        given = {s for s in missing if torch_internals.binds_symbol(val, s)}
-        if given:
-            found.append(node)
-            missing -= given
-    return found
-
-
-def views_after(gm: torch.fx.GraphModule, segment: Segment) -> int:
-    """Make the views with gaps or broadcasts that a segment's readers take of its values after
-    it, as aten views of what it returns, instead of returning them from the compiled code;
-    return how many were made.
-
-    Returned from compiled code such a view is whatever Inductor makes of it, a compact copy
-    where the value it views is not returned too (rotary embedding's halves), so its readers,
-    compiled for the gaps, would read another layout. Made after the segment from the base the
-    segment returns (a fresh value, or the segment's input), it has exactly the strides eager
-    gives it. A dense view stays in the segment: Inductor returns any dense layout asked for
-    (the check after the compile says so), and one aten call per view per call is saved. Each
-    outside reader of such a member reads a copy of the view chain from its base, placed after
-    the segment's last member on its stream; the members stay for the segment's own readers."""
-    members = segment.members
-    inside = set(members)
-    anchor = members[-1]
-    copied: dict[torch.fx.Node, torch.fx.Node] = {}
-    for node in members:
-        outside = [user for user in node.users if user not in inside]
-        if not outside or not _is_view(node):
-            continue
-        val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor) or dense_order(val.shape, val.stride()) is not None:
-            continue
-        chain = [node]  # from the view read outside back to its first non-view ancestor
-        while True:
-            (base,) = effects(chain[-1]).aliases or (None,)
-            if base is None or base not in inside or not _is_view(base):
-                break
-            chain.append(base)
-        for view in reversed(chain):
-            if view in copied:  # a view two chains share (split's, for each element read)
-                continue
-            with gm.graph.inserting_after(anchor):
-                copy = gm.graph.node_copy(view, functools.partial(_renamed, copied))
-            copy.meta[MADE_AFTER_KEY] = segment.name
-            copied[view] = anchor = copy
-        for user in outside:
-            user.replace_input_with(node, copied[node])
-    return len(copied)
-
-
-def _is_view(node: torch.fx.Node) -> bool:
-    """A view, or an element of the views a view op returns (``split``'s, ``unbind``'s)."""
-    if node.target is operator.getitem:
-        producer = node.args[0]
-        return isinstance(producer, torch.fx.Node) and effects(producer).view
-    return effects(node).view
-
-
-def _renamed(copies: dict[torch.fx.Node, torch.fx.Node], node: torch.fx.Node) -> torch.fx.Node:
-    return copies.get(node, node)
-
-
-def _tuple_index(node: torch.fx.Node, user: torch.fx.Node) -> int:
-    if user.target is operator.getitem and isinstance(user.args[1], int):
-        return user.args[1]
-    raise ValueError(
-        f"{user.name} reads the whole tuple {node.name} returns; only getitem of a tuple "
-        "can follow a segment"
-    )
-
-
 def _decompose(sub: torch.fx.GraphModule, fakes: Sequence[Any], fake_mode: Any) -> Any:
     """Retrace with Inductor's decompositions (Inductor lowers only what they leave)."""
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -246,94 +103,6 @@ def _decompose(sub: torch.fx.GraphModule, fakes: Sequence[Any], fake_mode: Any) 
     return traced
 
 
-def _wanted_strides(sub: torch.fx.GraphModule) -> list[tuple[Any, ...] | None]:
-    """The strides each output of a segment is read in: its value's recorded strides (the next
-    segment, an aten op and the caller were compiled or traced for them); None: not a tensor."""
-    (sub_output,) = sub.graph.find_nodes(op="output")
-    return [
-        val.stride()
-        if isinstance(val := getattr(arg, "meta", {}).get("val"), torch.Tensor)
-        else None
-        for arg in sub_output.args[0]
-    ]
-
-
-def _restore_layouts(
-    decomposed: torch.fx.GraphModule, wanted: Sequence[Any], fake_mode: Any
-) -> None:
-    """Give each output of the decomposed segment the layout its readers were compiled for.
-
-    Inductor's decompositions may change a layout (``cat`` of an empty tensor and ``x`` becomes
-    ``x.clone()``, which keeps a transposed ``x``'s strides where aten's ``cat`` returns a
-    contiguous tensor), and before torch 2.15 Inductor takes the strides it must return from
-    the decomposed graph, not from the output node's ``original_output_strides``. So a
-    differing dense output is made in the wanted order by construction: permuted so that the
-    order is the natural one, made contiguous, permuted back. Inductor fuses that copy into the
-    kernel producing the value; the graph states the layout, so Inductor's FX graph cache key
-    covers it. A layout no copy can have (broadcast, gaps) is left to the check after the
-    compile."""
-    (output,) = decomposed.graph.find_nodes(op="output")
-    values = list(output.args[0])
-    changed = False
-    for index, (node, want) in enumerate(zip(values, wanted, strict=True)):
-        val = getattr(node, "meta", {}).get("val")
-        if want is None or not isinstance(val, torch.Tensor):
-            continue
-        if same_layout(val.shape, val.stride(), want):
-            continue
-        order = dense_order(val.shape, want)
-        if order is None:
-            continue
-        inverse = sorted(range(len(order)), key=order.__getitem__)
-        graph, aten = decomposed.graph, torch.ops.aten
-        with graph.inserting_before(output):
-            permuted = graph.call_function(aten.permute.default, (node, order))
-            dense = graph.call_function(
-                aten.clone.default, (permuted,), {"memory_format": torch.contiguous_format}
-            )
-            restored = graph.call_function(aten.permute.default, (dense, inverse))
-        with fake_mode:
-            permuted.meta["val"] = val.permute(order)
-            dense.meta["val"] = permuted.meta["val"].clone(memory_format=torch.contiguous_format)
-            restored.meta["val"] = dense.meta["val"].permute(inverse)
-        values[index] = restored
-        changed = True
-    if changed:
-        output.args = (tuple(values),)
-        decomposed.recompile()
-
-
-class LayoutMismatch(RuntimeError):
-    """Inductor returns a segment's output in strides its readers were not compiled for."""
-
-
-def _check_layouts(
-    sub: torch.fx.GraphModule,
-    wanted: Sequence[Any],
-    returned: Sequence[tuple[int, ...] | None] | None,
-    outputs: Sequence[SegmentOutput],
-    members: Sequence[torch.fx.Node],
-) -> None:
-    """Refuse a compiled segment that would hand a value on in strides other than the ones its
-    readers (the next segment, an aten op, the caller) were compiled for: it runs as aten code
-    instead, and nothing reads a value in a layout it was not compiled for."""
-    if returned is None:
-        return
-    (sub_output,) = sub.graph.find_nodes(op="output")
-    for arg, want, got, out in zip(sub_output.args[0], wanted, returned, outputs, strict=True):
-        val = arg.meta.get("val")
-        if want is None or got is None or not isinstance(val, torch.Tensor):
-            continue
-        if not same_layout(val.shape, got, want):
-            outside = [u for u in out.node.users if u not in members]
-            readers = ", ".join(sorted(u.name for u in outside))
-            name = out.node.name if out.index is None else f"{out.node.name}[{out.index}]"
-            raise LayoutMismatch(
-                f"Inductor returns {name} (shape {hints(val.shape)}) in strides "
-                f"{tuple(got)} where its readers ({readers}) were compiled for {hints(want)}"
-            )
-
-
 def _compile(
     sub: torch.fx.GraphModule,
     fakes: Sequence[Any],
@@ -346,10 +115,11 @@ def _compile(
 ) -> tuple[Callable[[list[Any]], Any], tuple[str, ...], str]:
     """Inductor-compile one segment: (callable on a list of inputs, kernel names, cache). Its
     outputs come back in the strides recorded for them (what their readers were compiled for),
-    or it raises LayoutMismatch. ``release_gil``: its CPU kernels let go of the GIL."""
+    or it raises segment_layouts.LayoutMismatch. ``release_gil``: its CPU kernels let go of
+    the GIL."""
     decomposed = _decompose(sub, fakes, fake_mode)
-    wanted = _wanted_strides(sub)
-    _restore_layouts(decomposed, wanted, fake_mode)
+    wanted = wanted_strides(sub)
+    restore_layouts(decomposed, wanted, fake_mode)
     (output,) = decomposed.graph.find_nodes(op="output")
     torch_internals.pin_output_strides(output, wanted)  # torch 2.15 honors it for every layout
     hits = torch_internals.fxgraph_cache_hits()
@@ -362,7 +132,7 @@ def _compile(
         release_gil=release_gil,
     )
     after = torch_internals.fxgraph_cache_hits()
-    _check_layouts(sub, wanted, compiled.output_strides, outputs, members)
+    check_layouts(sub, wanted, compiled.output_strides, outputs, members)
     cache = "unknown" if hits is None or after is None else "hit" if after > hits else "miss"
     return compiled.call, kernel_names(compiled.source), cache
 
