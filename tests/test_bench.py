@@ -224,8 +224,10 @@ def test_bench_threads_sets_each_measured_decision_beside_the_steady_state() -> 
     "tests/test_measured.py::test_a_training_steps_forward_and_backward_are_each_measured",
 )
 def test_bench_train_checks_every_runner_and_measures_both_graphs(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, default_mode: None
 ) -> None:
+    """In the mode users get (Inductor segments on CPU): a real transformers model's training
+    step, each graph measured, loss and gradients against eager."""
     from airstream.bench import train
 
     monkeypatch.setattr(train, "DECODE_MODELS", {"qwen2-moe": _TINY_QWEN2_MOE})
