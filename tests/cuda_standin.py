@@ -116,6 +116,9 @@ class StandInCuda(CudaApi):
         self.most_concurrent = 0
         self.fail_in_capture = False  # the next keep() inside a capture is an illegal op
         self.capture_delay = 0.0
+        self.pool_draws: list[tuple[int, int]] = []  # (device, priority) of each pool stream
+        self.dedicated: list[Stream] = []  # streams created outside torch's pool
+        self.dedicated_streams = True  # False: the CUDA runtime library was not found
         self._names = itertools.count()
         self._defaults: dict[int, Stream] = {}
         self._quiet = threading.local()
@@ -169,7 +172,21 @@ class StandInCuda(CudaApi):
 
     def new_stream(self, device: torch.device, priority: int) -> Stream:
         index = device.index or 0
+        least, greatest = self.priority_range()
+        # torch's pool refuses a positive priority and folds those past the most urgent
+        assert greatest <= priority <= least, f"priority {priority} outside torch's pool"
+        self.pool_draws.append((index, priority))
         return Stream(self, f"s{next(self._names)}", index, priority)
+
+    def new_dedicated_stream(self, device: torch.device, priority: int) -> Stream | None:
+        if not self.dedicated_streams:
+            return None
+        stream = Stream(self, f"d{next(self._names)}", device.index or 0, priority)
+        self.dedicated.append(stream)
+        return stream
+
+    def priority_range(self) -> tuple[int, int]:
+        return (0, -5)  # an H100's: priorities 0 (least urgent) to -5
 
     def new_event(self) -> Event:
         event = Event(self, f"e{next(self._names)}")

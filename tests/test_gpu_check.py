@@ -342,7 +342,7 @@ def test_the_sanitizer_plugin_lets_torch_compile_run_compiled_code_under_the_mod
         import gpu_check_csan
     finally:
         sys.path.remove(str(ROOT / "tools"))
-    from torch.utils._python_dispatch import TorchDispatchMode
+    TorchDispatchMode = gpu_check_csan.dispatch_mode_base()
 
     seen: list[str] = []
 
@@ -384,7 +384,7 @@ def test_the_sanitizer_plugin_lets_torch_compile_run_compiled_code_under_the_mod
         assert seen == ["aten.cos.default", "aten.mul.Tensor"], "and the mode sees the call"
     finally:
         sanitizer.disable()
-        torch._dynamo.reset()
+        torch.compiler.reset()
 
 
 def test_the_install_step_is_offline_and_keeps_what_is_installed() -> None:

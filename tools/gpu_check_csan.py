@@ -19,6 +19,13 @@ from typing import Any
 __all__ = ["sanitize_compiled_code"]
 
 
+def dispatch_mode_base() -> Any:
+    """torch's ``TorchDispatchMode`` (the base of the sanitizer's mode)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
+
+
 def sanitize_compiled_code(sanitizer: Any = None, mode_base: Any = None) -> str:
     """Make the CUDA sanitizer's mode run under torch.compile's compiled code; return a line
     saying what the sanitizer checks. ``sanitizer`` and ``mode_base`` (torch's
@@ -31,7 +38,7 @@ def sanitize_compiled_code(sanitizer: Any = None, mode_base: Any = None) -> str:
             return "CUDA sanitizer: off (TORCH_CUDA_SANITIZER unset when torch was imported)"
         sanitizer = csan.cuda_sanitizer
     if mode_base is None:
-        from torch.utils._python_dispatch import TorchDispatchMode as mode_base
+        mode_base = dispatch_mode_base()
     if not sanitizer.enabled:
         return "CUDA sanitizer: off (TORCH_CUDA_SANITIZER was not set when torch was imported)"
     if not hasattr(mode_base, "ignore_compile_internals"):

@@ -13,6 +13,11 @@ lives in its graph's memory out right after its replay, so the rule left is orde
 The caching allocator hands a freed block of a pool only to an allocation on the stream that
 freed it, so every capture runs on one stream per device (``CudaApi.capture_stream``): the
 backward, captured on autograd's device thread, reuses what the forward freed.
+
+The pool also says what the backward may read where it lies (:attr:`CapturePool.weights`, the
+forward's parameters and buffers; :meth:`CapturePool.handed`, the tensors the forward hands over
+in the pool's memory for the backward), so that no weight and no saved activation is copied per
+replay.
 """
 
 from __future__ import annotations
@@ -32,6 +37,22 @@ class CapturePool:
         self.lock = threading.Lock()  # held by a capture or replay of any graph of the pool
         self._memory: dict[int, Any] = {}  # device index -> its MemPool, made at first capture
         self._done: dict[int, Any] = {}  # device index -> event after the last replay's copies
+        self.weights: frozenset[int] = frozenset()  # storages captured by address (parameters)
+        self._handed: dict[int, frozenset[int]] = {}  # id(graph executor) -> storages handed over
+
+    def add_weights(self, storages: set[int]) -> None:
+        """Storages a graph of the pool captured by address (its parameters and buffers); call
+        with :attr:`lock`."""
+        self.weights = self.weights | storages
+
+    def set_handed(self, owner: object, storages: set[int]) -> None:
+        """The storages ``owner`` (a forward's executor) hands over at each replay; call with
+        :attr:`lock`."""
+        self._handed[id(owner)] = frozenset(storages)
+
+    def handed(self) -> frozenset[int]:
+        """Every storage a graph of the pool hands over in place."""
+        return frozenset().union(*self._handed.values())
 
     def memory(self, api: Any, device: torch.device) -> Any:
         """The pool's memory on ``device`` (a ``torch.cuda.MemPool``); call with :attr:`lock`."""

@@ -14,10 +14,15 @@ Every call runs under a device guard (the caller's current device is left as it 
 on ``cuda:1`` issues on ``cuda:1`` whatever the caller's device) and restores the caller's current
 stream. If an op raises, the caller's stream still waits for every side stream before the error
 reaches the caller: what was issued may still read the caller's tensors. A call whose caller's
-stream is capturing (airstream's capture, or the user's own ``torch.cuda.graph``) uses this
-thread's private side streams and fresh events, so no stream another thread uses joins the
-capture. Events are reused across calls (one set per concurrent call): once issued, a wait no
-longer depends on the event's later records.
+stream is capturing uses fresh events and this thread's private side streams (dedicated streams,
+so no stream another thread uses joins the capture). In airstream's own capture the user's
+streams and events are left alone (the replay stands for the call:
+:class:`~airstream.runtime.torch_streams.TorchStreamsAround`); in the user's own
+``torch.cuda.graph`` the call does what eager code does there: a side stream standing for one of
+the model's streams runs on that stream, and the user's events are recorded and waited for, so
+the user's code after the call, inside the same capture, can wait for them. Events are reused
+across calls (one set per concurrent call): once issued, a wait no longer depends on the event's
+later records.
 
 All CUDA calls go through a :class:`~airstream.runtime.cuda_api.CudaApi`.
 """
@@ -198,19 +203,28 @@ class CudaExecutor:
         """The generated code that issues every stream's work."""
         return self.module.code
 
-    def side_streams(self, capturing: bool, objects: dict[int, Any] | None = None) -> list[Any]:
+    def side_streams(
+        self, capturing: bool, objects: dict[int, Any] | None = None, own: bool = True
+    ) -> list[Any]:
         """The side streams of a call: the labels' own, the model's stream objects for those
         that stand for one (``objects``: the call's, by registry index), or (while the caller's
-        stream captures) this thread's private ones."""
+        stream captures) this thread's private ones; inside the user's own capture (``own``
+        False) a side standing for a model's stream still runs on it, as in eager code."""
         api = self.api
+        native = self._native_sides if self.native is not None else {}
+        found: dict[int, Any] = {}
+        if native and not (capturing and own):
+            found = objects if objects is not None else self.native_objects()
         if capturing:
             return [
-                api.private_stream(self.device, f"capture side {i + 1}", priority)
-                for i, priority in enumerate(self._priorities)
+                api.adopt_stream(found[native[str(label)]])
+                if str(label) in native and found
+                else api.private_stream(self.device, f"capture side {i + 1}", priority)
+                for i, (label, priority) in enumerate(
+                    zip(self._sides_used, self._priorities, strict=True)
+                )
             ]
-        if self._native_sides and self.native is not None:  # the caller's objects, per call
-            native = self._native_sides
-            found = objects if objects is not None else self.native.for_call(self._native_indices)
+        if native:  # the caller's objects, per call
             return [
                 api.adopt_stream(found[native[str(label)]])
                 if str(label) in native
@@ -224,6 +238,16 @@ class CudaExecutor:
             ]
         return self._sides
 
+    def native_objects(self) -> dict[int, Any]:
+        """The user's streams and events this graph uses, for the call in progress."""
+        assert self.native is not None
+        return self.native.for_call(self._native_indices)
+
+    @property
+    def native_side_indices(self) -> list[int]:
+        """The registry indices of the model's streams that side work of this graph runs on."""
+        return sorted(set(self._native_sides.values()))
+
     def _take_events(self, capturing: bool) -> list[Any]:
         if not capturing:
             with contextlib.suppress(IndexError):
@@ -236,13 +260,10 @@ class CudaExecutor:
         with api.device(self.device):
             caller = api.current_stream(self.device)
             capturing = api.capturing()
+            own = capturing and api.capturing_own()  # airstream's capture, not the user's
             traced: Any = self._traced.get() if not capturing and tracing_wanted() else None
-            objects = (
-                None
-                if capturing or self.native is None
-                else self.native.for_call(self._native_indices)
-            )
-            streams = [caller, *self.side_streams(capturing, objects)]
+            objects = None if own or self.native is None else self.native_objects()
+            streams = [caller, *self.side_streams(capturing, objects, own)]
             events = self._take_events(capturing)
             natives = None if objects is None else objects.__getitem__
             trace = None if traced is None else CallTrace()  # its clock starts once code exists

@@ -6,30 +6,32 @@ executors take one (``CUDA``, the process's, by default); the test suite passes 
 logs and checks every call, so the protocol (device guards, capture cleanup, the join on the error
 path, which streams join a capture) is checked on machines without a GPU.
 
-Streams come from torch's per-device pool (32 per priority level, handed out round robin and
-shared with everything else in the process). Two kinds are drawn here:
+Two kinds of stream are used here:
 
-- **label streams**, one per ``(device, label, priority)`` for the whole process: every graph's
-  ``"side"`` work runs on one CUDA stream, as TorchAir's labels do;
-- **the capture stream**, one per device for the process: every airstream capture (and its
-  warm-up) runs on it, one at a time under :attr:`CudaApi.capture_lock`, so no other thread uses
-  it while a capture is on it; one stream, because the caching allocator reuses a pool's freed
-  block only on the stream that freed it (a forward and its backward share a pool:
-  :mod:`airstream.runtime.capture_pool`);
-- **private streams**, per thread and device: the side streams of any call issued while its
-  caller's stream is capturing (airstream's capture or the user's own). A stream joins a capture
-  when it waits on the capture's work and stays in it until the capture ends, so a stream another
-  thread might use meanwhile must never join one.
-
-Drawing more streams than the pool holds makes two of them the same CUDA stream: their work
-serializes. That is warned about once, naming what shares. The pool is the process's, so a
-program that draws many streams of its own can still be handed one of airstream's ("private"
-ones included); ``torch.cuda.graph``'s capture stream has the same limit.
+- **label streams**, drawn from torch's per-device pool (32 per priority level, handed out round
+  robin and shared with everything else in the process), one per ``(device, label, priority)``
+  for the whole process: every graph's ``"side"`` work runs on one CUDA stream, as TorchAir's
+  labels do. Drawing more than the pool holds makes two of them the same CUDA stream (their work
+  serializes): warned about once, naming what shares, counted per priority level torch actually
+  uses (a priority outside the device's range is clamped into it, with one warning, where
+  torch's own pool would refuse a positive one);
+- **dedicated streams**, created for airstream alone (``cudaStreamCreateWithPriority``, not
+  from the pool, so no other library or user stream can be handed the same one): the capture
+  stream (one per device: every airstream capture and its warm-up runs on it, one at a time under
+  :attr:`CudaApi.capture_lock`; one, because the caching allocator reuses a pool's freed block
+  only on the stream that freed it, and a forward and its backward share a pool:
+  :mod:`airstream.runtime.capture_pool`), and private streams (per thread and device: the side
+  streams of any call issued while its caller's stream is capturing). A stream joins a capture
+  when it waits on the capture's work and stays in it until the capture ends, so a stream
+  another thread might use meanwhile must never join one. Where the CUDA runtime library cannot
+  be reached to create one, a pool stream stands in, with one warning.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import threading
 import warnings
 from typing import Any
@@ -56,12 +58,54 @@ class CudaApi:
         # capture runs on the one capture stream of its device.
         self.capture_lock = threading.Lock()
         self._capture_streams: dict[int, Any] = {}
+        self._clamped: set[int] = set()  # priorities warned about as outside the device's range
+        self._range: tuple[int, int] | None = None
+        self._pool_fallback_warned = False
+
+    # --- priorities ----------------------------------------------------------------------------
+
+    def priority_range(self) -> tuple[int, int]:
+        """``(least, greatest)`` stream priority torch's pool has (0 and a negative number: lower
+        is more urgent)."""
+        if self._range is None:
+            least, greatest = torch.cuda.Stream.priority_range()  # type: ignore[call-arg]
+            self._range = int(least), int(greatest)
+        return self._range
+
+    def stream_priority(self, priority: int) -> int:
+        """``priority`` clamped into :meth:`priority_range`, the level a stream really gets (torch
+        refuses a positive one and folds those past the most urgent into it); one warning per
+        value outside the range."""
+        least, greatest = self.priority_range()
+        level = min(max(priority, greatest), least)
+        if level != priority and priority not in self._clamped:
+            self._clamped.add(priority)
+            warnings.warn(
+                f"airstream: stream priority {priority} is outside this device's range "
+                f"[{greatest}, {least}] (lower is more urgent); the stream runs at priority "
+                f"{level}. Use a priority in the range.",
+                stacklevel=4,
+            )
+        return level
 
     # --- streams and events ------------------------------------------------------------------
 
     def new_stream(self, device: torch.device, priority: int) -> Any:
-        """A stream from torch's pool for ``device``."""
+        """A stream from torch's pool for ``device`` (``priority`` in :meth:`priority_range`)."""
         return torch.cuda.Stream(device=device, priority=priority)
+
+    def new_dedicated_stream(self, device: torch.device, priority: int) -> Any:
+        """A non-blocking stream created for airstream alone (not from torch's pool, which
+        other code shares), or None where the CUDA runtime library cannot be reached."""
+        create = _stream_create()
+        if create is None:
+            return None
+        handle = ctypes.c_void_p()
+        with torch.cuda.device(device):  # a stream belongs to the device current at creation
+            status = create(ctypes.byref(handle), _NON_BLOCKING, priority)
+        if status != 0 or not handle.value:
+            return None
+        return torch.cuda.ExternalStream(handle.value, device=device)
 
     def new_event(self) -> Any:
         """A new event (created on the device of the stream it is first recorded on)."""
@@ -104,6 +148,20 @@ class CudaApi:
     def capturing(self) -> bool:
         """The current stream (of the current device) is capturing a CUDA graph."""
         return torch.cuda.is_current_stream_capturing()
+
+    @contextlib.contextmanager
+    def own_capture(self) -> Any:
+        """Context manager: this thread is inside a capture airstream began (not the user's
+        own ``torch.cuda.graph``), as :meth:`capturing_own` reports."""
+        self._local.own = True
+        try:
+            yield
+        finally:
+            self._local.own = False
+
+    def capturing_own(self) -> bool:
+        """Inside :meth:`own_capture` on this thread."""
+        return bool(getattr(self._local, "own", False))
 
     # --- graphs ------------------------------------------------------------------------------
 
@@ -175,13 +233,14 @@ class CudaApi:
 
     def label_stream(self, device: torch.device, label: str, priority: int = 0) -> Any:
         """The process-wide stream of ``label`` on ``device`` (same label, same stream)."""
-        key = (_index(device), label, priority)
+        level = self.stream_priority(priority)
+        key = (_index(device), label, level)
         stream = self._labels.get(key)
         if stream is None:
             with self._lock:
                 stream = self._labels.get(key)
                 if stream is None:
-                    stream = self._labels[key] = self._draw(device, priority, f"label {label!r}")
+                    stream = self._labels[key] = self._draw(device, level, f"label {label!r}")
         return stream
 
     def capture_stream(self, device: torch.device) -> Any:
@@ -193,7 +252,7 @@ class CudaApi:
             with self._lock:
                 stream = self._capture_streams.get(index)
                 if stream is None:
-                    stream = self._capture_streams[index] = self._draw(device, 0, "capture")
+                    stream = self._capture_streams[index] = self._dedicated(device, 0, "capture")
         return stream
 
     def private_stream(self, device: torch.device, slot: str, priority: int = 0) -> Any:
@@ -202,16 +261,34 @@ class CudaApi:
         streams: dict[tuple[int, str, int], Any] | None = getattr(self._local, "streams", None)
         if streams is None:
             streams = self._local.streams = {}
-        key = (_index(device), slot, priority)
+        level = self.stream_priority(priority)
+        key = (_index(device), slot, level)
         stream = streams.get(key)
         if stream is None:
             name = f"{slot} of thread {threading.current_thread().name!r}"
             with self._lock:
-                stream = streams[key] = self._draw(device, priority, name)
+                stream = streams[key] = self._dedicated(device, level, name)
         return stream
 
+    def _dedicated(self, device: torch.device, priority: int, name: str) -> Any:
+        """A dedicated stream, else (one warning) a stream from the pool (called locked)."""
+        stream = self.new_dedicated_stream(device, priority)
+        if stream is not None:
+            return stream
+        if not self._pool_fallback_warned:
+            self._pool_fallback_warned = True
+            warnings.warn(
+                "airstream: could not create CUDA streams of its own (the CUDA runtime library "
+                "torch loaded was not found); its capture and private streams come from torch's "
+                "shared stream pool, where another library's or thread's work on the same stream "
+                "could join a capture",
+                stacklevel=4,
+            )
+        return self._draw(device, priority, name)
+
     def _draw(self, device: torch.device, priority: int, name: str) -> Any:
-        """A stream from the pool, warning once when it is one drawn before (called locked)."""
+        """A stream from the pool, warning once when it is one drawn before (called locked;
+        ``priority`` already clamped: torch's pool has one round robin per level)."""
         drawn = self._drawn.setdefault((_index(device), priority), [])
         drawn.append(name)
         size = self.stream_pool_size
@@ -228,6 +305,28 @@ class CudaApi:
 
 def _index(device: torch.device) -> int:
     return device.index if device.index is not None else 0
+
+
+_NON_BLOCKING = 0x01  # cudaStreamNonBlocking: no implicit sync with the legacy default stream
+
+
+@functools.cache
+def _stream_create() -> Any:
+    """``cudaStreamCreateWithPriority`` of the CUDA runtime library torch loaded, or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libcudart" in line}
+    except OSError:  # not Linux
+        paths = set()
+    for path in sorted(paths):
+        try:
+            fn = ctypes.CDLL(path).cudaStreamCreateWithPriority
+        except (OSError, AttributeError):
+            continue
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint, ctypes.c_int]
+        return fn
+    return None
 
 
 CUDA = CudaApi()

@@ -14,6 +14,13 @@ As in cudagraph trees:
 
 - **a forward and its backward share one memory pool** (:mod:`airstream.runtime.capture_pool`),
   and their replays run one after the other;
+- **training keeps no second copy**: the forward hands the tensors it saves for the backward
+  over in the pool's memory (a fresh alias per replay; ``saved``: their output indices, from
+  AOTAutograd), and the backward captures by address every input that is such a tensor or one
+  of the forward's parameters, so only its tangents are copied in. Should a forward replay while
+  the tensors its previous replay handed over are still held (two forwards before a backward,
+  ``retain_graph=True``), it runs on streams without the graph that once, with one warning, and
+  the backward that receives those tensors does too: nothing handed over is overwritten;
 - **a static input that moves is captured again, up to a limit** (``rerecord_limit``: a module's
   weights replaced by new tensors each call would otherwise capture on every call); past it, one
   warning, and the graph runs on streams without capture;
@@ -24,25 +31,36 @@ As in cudagraph trees:
 
 What makes it safe:
 
-- **what cannot be captured is not tried**: :func:`capture_blockers` reads the graph (symbolic or
-  data-dependent shapes, host reads such as ``.item()``, tensors off the GPU, two devices, writes
-  to inputs other than parameters and buffers, random ops); a call made while the caller's own
-  stream is capturing (the user's ``torch.cuda.graph``) is issued into that capture instead;
-- **a capture that fails anyway leaves nothing behind**: the stream, the device, the allocator's
-  capture state and the pool's use count are restored, a warning says why, and the graph runs on
-  streams without capture from then on;
+- **what cannot be captured is not tried, and says so once**: :func:`capture_blockers` reads the
+  graph (symbolic or data-dependent shapes, host reads such as ``.item()``, tensors off the GPU,
+  two devices, writes to inputs other than parameters and buffers, random ops, a collective off
+  the main stream) and the first call warns, naming the node or input; a call made while the
+  caller's own stream is capturing (the user's ``torch.cuda.graph``) is issued into that capture
+  instead;
+- **a capture that fails anyway leaves nothing behind**, whether it fails while being set up
+  (the graph, the pool, the workspaces) or inside: the stream, the device, the allocator's
+  capture state and the pool's use count are restored, a warning says why, and the graph runs
+  on streams without capture from then on;
 - **captures run one at a time in the process**, in thread-local capture mode, on the device's
-  capture stream, with cuBLAS workspaces cleared before and after (as torch's cudagraph trees
-  do);
+  dedicated capture stream, with cuBLAS workspaces cleared before and after (as torch's
+  cudagraph trees do);
+- **memory crossing streams is kept**: the warm-up's copies and the graph's input buffers are
+  ``record_stream``-ed for the capture stream, and the buffers for each caller stream that
+  replays, so the allocator hands none of them out while another stream may still use it;
 - **replays from callers on different streams are ordered**: each call's stream waits for the
   previous replay of any graph of its pool and that replay's output copies before it overwrites
-  the input buffers.
+  the input buffers;
+- **the replay stands for the call**, the user's streams too: the caller's stream waits for the
+  user's events the graph waits for and for the user's streams its side work runs on, and after
+  the replay records the user's events and makes those streams wait for it, so code after the
+  call that waits for the user's stream (or synchronizes it) sees the call's work.
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -56,7 +74,7 @@ from airstream.ops.torch_streams import NATIVE_HOST_SYNCS
 from airstream.runtime.capture_pool import CapturePool
 from airstream.runtime.cuda import CudaExecutor
 from airstream.runtime.torch_streams import TorchStreamsAround
-from airstream.torch_internals import data_ptrs_equal, foreach_copy
+from airstream.torch_internals import data_ptrs_equal, foreach_copy, storage_use_count
 
 __all__ = [
     "CaptureFailed",
@@ -107,9 +125,16 @@ def written_inputs(gm: torch.fx.GraphModule) -> dict[int, torch.fx.Node]:
     return written
 
 
-def capture_blockers(gm: torch.fx.GraphModule, static: Collection[int] = ()) -> list[str]:
+def capture_blockers(
+    gm: torch.fx.GraphModule,
+    static: Collection[int] = (),
+    stream_of: Mapping[torch.fx.Node, str | None] | None = None,
+) -> list[str]:
     """Why ``gm`` cannot be captured into a CUDA graph (empty if it can). ``static``: the indices
-    of the inputs that are parameters and buffers, which a captured graph may write."""
+    of the inputs that are parameters and buffers, which a captured graph may write;
+    ``stream_of``: each node's stream (None: main), where a collective must stay on main (the
+    process group's communication stream joins the capture from the stream that issues it, and
+    side-stream collectives under replay are what serving stacks found corrupting output)."""
     reasons: list[str] = []
     devices: dict[torch.device, torch.fx.Node] = {}
     placeholders = gm.graph.find_nodes(op="placeholder")
@@ -138,6 +163,12 @@ def capture_blockers(gm: torch.fx.GraphModule, static: Collection[int] = ()) -> 
             found = effects(node)
             if found.random:
                 reasons.append(f"{name} draws random numbers")
+            stream = stream_of.get(node) if stream_of is not None else None
+            if found.collective and stream is not None:
+                reasons.append(
+                    f"{name} is a collective on stream {stream!r}: under capture collectives run "
+                    "on the main stream only (place it there, or use mode='max-autotune')"
+                )
             if found.host_sync and node.target in NATIVE_HOST_SYNCS:
                 reasons.append(f"{name} makes the host wait for the device (a synchronize)")
             elif found.host_sync:
@@ -177,7 +208,8 @@ class CudaGraphExecutor:
     If a static input is a different tensor than at capture (a module's weights replaced by new
     tensors), the graph is captured again, at most ``rerecord_limit`` times. ``pool``: the
     memory pool and replay order shared with the other graphs of the same compiled function (a
-    pool of its own if None).
+    pool of its own if None). ``saved``: a forward graph's outputs that AOTAutograd saves for the
+    backward, handed over in the pool's memory (None: every output is copied out).
     """
 
     def __init__(
@@ -188,59 +220,80 @@ class CudaGraphExecutor:
         warmup: int = 2,
         pool: CapturePool | None = None,
         rerecord_limit: int = CUDA_GRAPH_RERECORD_LIMIT,
+        saved: Collection[int] | None = None,
     ) -> None:
         self._boxed_call = True
         self.inner = inner
         self.api = inner.api
         self.device = inner.device
         self.static = frozenset(static)
-        self.blockers = capture_blockers(gm, self.static)
+        self.blockers = capture_blockers(gm, self.static, inner.plan.stream_of())
         self.warmup = warmup
         self.pool = pool if pool is not None else CapturePool()
         self.rerecord_limit = rerecord_limit
+        self.saved = frozenset(saved or ())
         self.captures = 0  # how many times a graph was captured (recaptures included)
         self.rerecords = 0  # how many of those because a static input moved
+        self.uncaptured_calls = 0  # calls run on streams although a graph was captured
         self._names = [n.name for n in gm.graph.find_nodes(op="placeholder")]
         # the parameters and buffers the graph writes: the warm-up writes copies of them
         self._written = frozenset(written_inputs(gm)) & self.static
+        self._warned: set[str] = set()  # what was warned about once
         self._graph: Any = None
-        self._inputs: list[Any] = []  # per input: the static tensor itself, or our buffer
+        self._inputs: list[Any] = []  # per input: our buffer, the static tensor itself, or None
         self._copies: list[tuple[int, torch.Tensor]] = []  # (input index, buffer) to refresh
         self._addresses: list[int | None] = []  # per input: its data_ptr at capture if static
-        self._static_indices: list[int] = []  # the static inputs' positions
+        self._static_indices: list[int] = []  # the inputs captured by address
+        self._received: list[int] = []  # of those, tensors a forward handed over (a backward's)
         self._static_outputs: Any = None
         self._own: list[int] = []  # the outputs in the graph's memory (copied out per replay)
-        self._around = TorchStreamsAround(gm)  # the user's events the call waits for and records
+        self._handed: list[int] = []  # the outputs handed over in place (a forward's saved)
+        self._handed_uses: list[tuple[Any, int]] = []  # (storage, its use count when idle)
+        self._kept_for: set[Any] = set()  # caller streams the input buffers are kept for
+        self._around = TorchStreamsAround(gm, inner.native_side_indices)
 
     @property
     def code(self) -> str:
         """The generated code the graph was captured from."""
         return str(self.inner.code)
 
+    @property
+    def status(self) -> str:
+        """Whether this graph replays a CUDA graph, for reports: ``captured``, ``not captured
+        yet`` (before its first call), or ``not captured: <why>``."""
+        if self.blockers:
+            return "not captured: " + "; ".join(self.blockers)
+        return "captured" if self._graph is not None else "not captured yet"
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, stacklevel=4)
+
     def _capture(self, args: Sequence[Any]) -> None:
         """Warm up, then capture one call on the device's capture stream into the pool."""
         api, device = self.api, self.device
         caller = api.current_stream(device)
-        inputs = [copy_like(a) if i not in self.static else a for i, a in enumerate(args)]
+        by_address = self._by_address(args)
+        inputs = [copy_like(a) if i not in by_address else a for i, a in enumerate(args)]
         # a parameter or buffer the graph writes is written by the replay only, once per call
         warm = [copy_like(a) if i in self._written else a for i, a in enumerate(inputs)]
         with api.capture_lock:
             stream = api.capture_stream(device)
             stream.wait_stream(caller)  # the input copies, and whatever made the inputs
+            # made on the caller's stream, used on the capture stream: kept until it is done
+            for i, value in enumerate(warm):
+                if i not in by_address or i in self._written:
+                    api.keep(value, stream)
             api.set_stream(stream)
             try:
                 for _ in range(self.warmup):  # a model error here is the caller's to see
                     self.inner(list(warm))
                 del warm
-                self.inner.side_streams(capturing=True)  # drawn now, not inside the capture
-                graph, memory = api.new_graph(), self.pool.memory(api, device)
-                uses = memory.use_count()
-                # The capture allocates its own cuBLAS workspace inside its pool: one cached
-                # by the warm-up (outside the pool) would be baked into the graph, then reused.
-                api.clear_cublas_workspaces()
+                graph, memory, uses = self._begin(api, device)
                 try:
-                    api.capture_begin(graph, memory)
-                    outputs = self.inner(list(inputs))
+                    with api.own_capture():
+                        outputs = self.inner(list(inputs))
                     api.capture_end(graph)
                 except BaseException as error:
                     api.set_stream(stream)
@@ -249,30 +302,86 @@ class CudaGraphExecutor:
                         raise
                     raise CaptureFailed(f"{type(error).__name__}: {error}") from error
                 finally:
-                    api.clear_cublas_workspaces()
+                    with contextlib.suppress(Exception):  # the capture's outcome counts
+                        api.clear_cublas_workspaces()
             finally:
                 api.set_stream(caller)
                 caller.wait_stream(stream)  # replays come after the warm-up's work
+        self._keep_capture(graph, args, inputs, outputs, stream, by_address)
+
+    def _keep_capture(
+        self,
+        graph: Any,
+        args: Sequence[Any],
+        inputs: list[Any],
+        outputs: Any,
+        stream: Any,
+        by_address: set[int],
+    ) -> None:
+        """What a replay needs of the capture just made: buffers, addresses, what is handed."""
         self._graph = graph
-        self._inputs, self._static_outputs = inputs, outputs
-        self._copies = [
-            (i, buffer)
-            for i, buffer in enumerate(inputs)
-            if i not in self.static and isinstance(buffer, torch.Tensor)
-        ]
-        self._static_indices = [
-            i for i, a in enumerate(args) if i in self.static and isinstance(a, torch.Tensor)
-        ]
+        self._static_outputs = outputs
+        self._kept_for = {stream}
+        self._static_indices = sorted(i for i in by_address if isinstance(args[i], torch.Tensor))
         self._addresses = [None] * len(args)
         for i in self._static_indices:
             self._addresses[i] = args[i].data_ptr()
-        weights = {args[i].untyped_storage().data_ptr() for i in self._static_indices}
-        self._own = [
+        handed = self.pool.handed()
+        self._received = [i for i in self._static_indices if _storage(args[i]) in handed]
+        # the graph reads what it received at its address; holding it would keep it from the
+        # forward that handed it over (whose next replay waits until nothing else holds it)
+        self._inputs = [None if i in self._received else a for i, a in enumerate(inputs)]
+        self._copies = [
+            (i, buffer)
+            for i, buffer in enumerate(inputs)
+            if i not in by_address and isinstance(buffer, torch.Tensor)
+        ]
+        weights = {_storage(args[i]) for i in self._static_indices if i not in self._received}
+        self.pool.add_weights(weights)
+        tensors = [
             i
             for i, out in enumerate(outputs)
-            if isinstance(out, torch.Tensor) and out.untyped_storage().data_ptr() not in weights
+            if isinstance(out, torch.Tensor) and _storage(out) not in weights
         ]
+        self._handed = [i for i in tensors if i in self.saved]
+        self._own = [i for i in tensors if i not in self.saved]
+        storages = {_storage(outputs[i]): outputs[i].untyped_storage() for i in self._handed}
+        self._handed_uses = [(st, storage_use_count(st)) for st in storages.values()]
+        self.pool.set_handed(self, set(storages))
         self.captures += 1
+
+    def _by_address(self, args: Sequence[Any]) -> set[int]:
+        """The inputs the graph reads where they are: parameters and buffers, and (a backward)
+        what the forward of its pool handed over or took by address."""
+        found = set(self.static)
+        shared = self.pool.handed() | self.pool.weights
+        if shared:
+            found |= {
+                i
+                for i, a in enumerate(args)
+                if isinstance(a, torch.Tensor) and _storage(a) in shared
+            }
+        return found
+
+    def _begin(self, api: Any, device: torch.device) -> tuple[Any, Any, int]:
+        """Side streams drawn, graph and pool made, workspaces cleared, capture begun; a failure
+        on the way is a failed capture, with what was made undone."""
+        graph = memory = None
+        uses = 0
+        try:
+            self.inner.side_streams(capturing=True)  # drawn now, not inside the capture
+            graph, memory = api.new_graph(), self.pool.memory(api, device)
+            uses = memory.use_count()
+            # The capture allocates its own cuBLAS workspace inside its pool: one cached by the
+            # warm-up (outside the pool) would be baked into the graph, then reused.
+            api.clear_cublas_workspaces()
+            api.capture_begin(graph, memory)
+        except Exception as error:
+            if graph is not None and memory is not None:
+                api.abandon_capture(graph, memory, device, uses)
+            why = f"setting the capture up: {type(error).__name__}: {error}"
+            raise CaptureFailed(why) from error
+        return graph, memory, uses
 
     def _moved(self, args: list[Any]) -> bool:
         """A static input is not the tensor the graph captured (one C call for all of them)."""
@@ -280,13 +389,37 @@ class CudaGraphExecutor:
             return False
         return not data_ptrs_equal(args, self._addresses, self._static_indices)
 
+    def _received_elsewhere(self, args: list[Any]) -> bool:
+        """A tensor the forward hands over arrived from somewhere else: the forward ran without
+        its graph for this call (its previous activations were still held)."""
+        handed = self.pool.handed()
+        return any(
+            args[i].data_ptr() != self._addresses[i] and _storage(args[i]) not in handed
+            for i in self._received
+        )
+
+    def _handed_held(self) -> bool:
+        """What the last replay handed over is still held elsewhere (its backward has not run)."""
+        return any(storage_use_count(st) > idle for st, idle in self._handed_uses)
+
+    def _uncaptured(self, args: list[Any], why: str) -> Any:
+        """This one call on streams, with one warning per cause."""
+        self.uncaptured_calls += 1
+        self._warn_once(
+            why,
+            f"airstream: a call ran on streams without its CUDA graph: {why}. Its results are "
+            "right; it is slower than a replay (said once)",
+        )
+        return self.inner(args)
+
     def _drop(self) -> None:
         """Let the captured graph and its memory go (the pool's replays are over: call with
         :meth:`CapturePool.wait_idle` done); a capture after this reuses that memory."""
         if self._graph is not None:
             self._graph.reset()  # its use of the pool ends now, not when Python collects it
         self._graph = self._static_outputs = None
-        self._inputs, self._copies = [], []
+        self._inputs, self._copies, self._handed_uses = [], [], []
+        self.pool.set_handed(self, set())
 
     def _stop_capturing(self, args: list[Any]) -> None:
         """The static inputs moved more than ``rerecord_limit`` times: warn once, then run on
@@ -306,11 +439,13 @@ class CudaGraphExecutor:
             stacklevel=3,
         )
         self.blockers = [f"re-recorded {self.rerecords} times (rerecord limit reached)"]
+        self._warned.add("blocked")  # said just now
         self._drop()
 
     def _outputs(self) -> tuple[Any, ...]:
         """The replay's outputs: those in the graph's memory copied out (one batched copy; an
-        expanded one cloned contiguous), the others (a static input's memory) as they are."""
+        expanded one cloned contiguous), those handed over as fresh aliases, the others (a
+        static input's memory) as they are."""
         outputs = list(self._static_outputs)
         dsts: list[torch.Tensor] = []
         srcs: list[torch.Tensor] = []
@@ -323,19 +458,41 @@ class CudaGraphExecutor:
             dsts.append(outputs[i])
             srcs.append(value)
         foreach_copy(dsts, srcs)
+        for i in self._handed:
+            outputs[i] = outputs[i].detach()  # a new alias: held by whoever keeps it
         return tuple(outputs)
+
+    def _blocked(self, args: list[Any]) -> Any:
+        self._warn_once(
+            "blocked",
+            "airstream: this graph is not captured into a CUDA graph (mode='reduce-overhead') "
+            f"and runs on streams without capture: {'; '.join(self.blockers)}. airstream "
+            "explain lists it per graph (said once)",
+        )
+        return self.inner(args)
 
     def __call__(self, args: list[Any]) -> Any:
         if self.blockers:
-            return self.inner(args)
+            return self._blocked(args)
         api, device, pool = self.api, self.device, self.pool
         with api.device(device):
             if api.capturing():  # inside the caller's own capture: issue into it
                 return self.inner(args)
             with pool.lock:  # one set of buffers, one pool: its graphs replay one at a time
                 if self.blockers:  # another caller reached the rerecord limit meanwhile
-                    return self.inner(args)
+                    return self._blocked(args)
                 moved = self._graph is not None and self._moved(args)
+                if moved and self._received_elsewhere(args):
+                    return self._uncaptured(
+                        args, "the forward's saved tensors came from a call without its graph"
+                    )
+                if self._graph is not None and self._handed and self._handed_held():
+                    return self._uncaptured(
+                        args,
+                        "the tensors its previous replay saved for the backward are still held "
+                        "(a second forward before the backward, or retain_graph=True), and a "
+                        "replay would overwrite them",
+                    )
                 if self._graph is None or moved:
                     pool.wait_idle(device)  # a replay still running uses the old memory
                     if moved:
@@ -354,21 +511,36 @@ class CudaGraphExecutor:
                             stacklevel=2,
                         )
                         self.blockers = [f"capture failed: {failure}"]
+                        self._warned.add("blocked")
                         return self.inner(args)
-                stream = api.current_stream(device)
-                # The last replay of the pool may have been issued on another caller's stream:
-                # its reads of the input buffers and its output copies come before this call's
-                # input copies.
-                pool.after_last(stream, device)
-                # the inputs that change, in one batched copy; weights are read in place
-                foreach_copy([b for _, b in self._copies], [args[i] for i, _ in self._copies])
-                args.clear()
-                native = self.inner.native if self._around else None
-                if native is not None:
-                    self._around.before(native, stream, api)
-                api.replay(self._graph)
-                outputs = self._outputs()
-                if native is not None:
-                    self._around.after(native, stream)
-                pool.mark_done(api, stream, device)
-                return outputs
+                return self._replay(args)
+
+    def _replay(self, args: list[Any]) -> Any:
+        """Replay the graph for this call (with the pool's lock held)."""
+        api, device, pool = self.api, self.device, self.pool
+        stream = api.current_stream(device)
+        if stream not in self._kept_for:  # a new caller stream reads the buffers
+            self._kept_for.add(stream)
+            for _, buffer in self._copies:
+                api.keep(buffer, stream)
+        # The last replay of the pool may have been issued on another caller's stream: its reads
+        # of the input buffers and its output copies come before this call's input copies.
+        pool.after_last(stream, device)
+        # the inputs that change, in one batched copy; weights are read in place
+        foreach_copy([b for _, b in self._copies], [args[i] for i, _ in self._copies])
+        args.clear()
+        native = self.inner.native if self._around else None
+        objects = self.inner.native_objects() if native is not None else None
+        if objects is not None:
+            self._around.before(objects, stream, api)
+        api.replay(self._graph)
+        outputs = self._outputs()
+        if objects is not None:
+            self._around.after(objects, stream, api)
+        pool.mark_done(api, stream, device)
+        return outputs
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    """The address of ``tensor``'s storage (what aliasing tensors share)."""
+    return int(tensor.untyped_storage().data_ptr())

@@ -46,25 +46,7 @@ def choose_executor(
     if config.debug.run_eagerly:
         return SerialExecutor(gm, plan)
     if device.type == "cuda":
-        table = torch_streams_of(gm)
-        objects = None
-        if table is not None:
-            objects = TorchStreamObjects(table, at_run_time=kind != "backward")
-        executor = CudaExecutor(gm, plan, device, native=objects)
-        if mode == "reduce-overhead":
-            # Parameters and buffers are the same tensors every call: captured by address.
-            torch_internals.require("cuda-graphs")
-            static = static_inputs
-            if static is None and kind != "backward":
-                static = torch_internals.static_input_indices()
-            return CudaGraphExecutor(
-                executor,
-                gm,
-                static or (),
-                pool=capture_pool,
-                rerecord_limit=config.experimental_config.cuda_graph_rerecord_limit,
-            )
-        return executor
+        return _cuda_executor(gm, plan, kind, config, mode, device, static_inputs, capture_pool)
     if not any(s.runs for s in plan.side_streams):
         return SerialExecutor(gm, plan)
     streams = config.stream_config
@@ -76,3 +58,43 @@ def choose_executor(
         release_openmp_threads=streams.release_openmp_threads and openmp().spins_long,
         openmp_team=streams.openmp_team,
     )
+
+
+def _cuda_executor(
+    gm: torch.fx.GraphModule,
+    plan: StreamPlan,
+    kind: str,
+    config: CompilerConfig,
+    mode: str,
+    device: torch.device,
+    static_inputs: tuple[int, ...] | None,
+    capture_pool: CapturePool | None,
+) -> Executor:
+    """CUDA streams, captured as a CUDA graph in reduce-overhead."""
+    table = torch_streams_of(gm)
+    objects = None
+    if table is not None:
+        objects = TorchStreamObjects(table, at_run_time=kind != "backward")
+    executor = CudaExecutor(gm, plan, device, native=objects)
+    if mode == "reduce-overhead":
+        # Parameters and buffers are the same tensors every call: captured by address.
+        torch_internals.require("cuda-graphs")
+        static = static_inputs
+        if static is None and kind != "backward":
+            static = torch_internals.static_input_indices()
+        # a forward's tensors saved for its backward: handed over in the pool, not copied
+        saved = None
+        if kind == "forward" and static_inputs is None:
+            start = torch_internals.saved_for_backward_start()
+            if start is not None:
+                (output,) = gm.graph.find_nodes(op="output")
+                saved = range(start, len(output.args[0]))
+        return CudaGraphExecutor(
+            executor,
+            gm,
+            static or (),
+            pool=capture_pool,
+            rerecord_limit=config.experimental_config.cuda_graph_rerecord_limit,
+            saved=saved,
+        )
+    return executor

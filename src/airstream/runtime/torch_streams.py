@@ -7,16 +7,20 @@ user's events and streams. Which objects: for an inference or forward graph, the
 bytecode stored for this call (the caller's, as torch itself reads them); for a backward graph,
 which runs outside that bytecode, the ones seen when the graph compiled.
 
-Inside a CUDA graph capture the user's objects are not touched: side work runs on the capturing
-thread's private streams (a stream another thread may use must never join a capture), and the
-replay stands for the whole call: the user's events a call records are recorded on the caller's
-stream after the replay, and those it waits for (recorded outside the graph) are waited for on
-the caller's stream before it (:class:`TorchStreamsAround`).
+Inside airstream's own CUDA graph capture the user's objects are not touched: side work runs on
+the capturing thread's private streams (a stream another thread may use must never join a
+capture), and the replay stands for the whole call (:class:`TorchStreamsAround`): the caller's
+stream waits, before the replay, for the user's events the call waits for (recorded outside the
+graph) and for the user's streams its side work runs on (as that work would have queued behind
+theirs); after it, the user's events the call records are recorded on the caller's stream and
+those streams wait for the caller's, so code after the call that waits for or synchronizes one
+of them sees the call's work, as it would without capture. Inside the user's own capture the
+call acts on the user's objects as eager code does (``runtime/cuda.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,25 +142,30 @@ def torch_stream_step(node: torch.fx.Node) -> tuple[Callable[..., None], bool] |
 
 
 class TorchStreamsAround:
-    """What a replayed CUDA graph does with the user's events and streams: the events the call
-    waits for (recorded outside the graph) and the user's streams it waits for are waited for on
-    the caller's stream before the replay; the events it records, recorded there after it."""
+    """What a replayed CUDA graph does with the user's events and streams: before the replay the
+    caller's stream waits for the events the call waits for (recorded outside the graph), the
+    user's streams it waits for and the user's streams its side work runs on (``sides``: their
+    registry indices); after it, the events the call records are recorded on the caller's stream
+    and those side streams wait for it."""
 
-    def __init__(self, gm: torch.fx.GraphModule) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, sides: Sequence[int] = ()) -> None:
         nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
         self.waits = [int(n.args[0]) for n in nodes if n.target is native_event_wait]
         self.stream_waits = [int(n.args[0]) for n in nodes if n.target is native_wait_stream]
         self.records = [int(n.args[0]) for n in nodes if n.target is native_event_record]
+        self.sides = list(sides)
 
     def __bool__(self) -> bool:
-        return bool(self.waits or self.stream_waits or self.records)
+        return bool(self.waits or self.stream_waits or self.records or self.sides)
 
-    def before(self, natives: TorchStreamObjects, stream: Any, api: Any) -> None:
+    def before(self, objects: Mapping[int, Any], stream: Any, api: Any) -> None:
         for index in self.waits:
-            stream.wait_event(natives.get(index))
-        for index in self.stream_waits:
-            stream.wait_stream(api.adopt_stream(natives.get(index)))
+            stream.wait_event(objects[index])
+        for index in (*self.stream_waits, *self.sides):
+            stream.wait_stream(api.adopt_stream(objects[index]))
 
-    def after(self, natives: TorchStreamObjects, stream: Any) -> None:
+    def after(self, objects: Mapping[int, Any], stream: Any, api: Any) -> None:
         for index in self.records:
-            natives.get(index).record(stream)
+            objects[index].record(stream)
+        for index in self.sides:
+            api.adopt_stream(objects[index]).wait_stream(stream)

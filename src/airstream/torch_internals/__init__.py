@@ -69,6 +69,7 @@ from airstream.torch_internals.core import (
     op_name,
     op_schema,
     profiler_enabled,
+    saved_for_backward_start,
     set_annotations,
     set_grad_enabled,
     stack_trace,
@@ -84,6 +85,7 @@ from airstream.torch_internals.cuda import (
     end_allocate_to_pool,
     foreach_copy,
     release_pool,
+    storage_use_count,
 )
 from airstream.torch_internals.functionalize import (
     FunctionalizedCall,
@@ -252,6 +254,7 @@ __all__ = [
     "clear_cublas_workspaces",
     "data_ptrs_equal",
     "foreach_copy",
+    "storage_use_count",
     "mkl_thread_setter",
     "GIL_GUARD",
     "bind_cpu_kernel",
@@ -321,6 +324,7 @@ __all__ = [
     "size_hint",
     "stack_trace",
     "drop_frames_under",
+    "saved_for_backward_start",
     "static_input_indices",
     "stream_annotations",
     "support_problem",

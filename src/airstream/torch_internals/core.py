@@ -396,6 +396,16 @@ def static_input_indices() -> tuple[int, ...] | None:
     return tuple(indices) if indices is not None else None
 
 
+def saved_for_backward_start() -> int | None:
+    """Inside AOTAutograd's forward compiler call: the index of the forward graph's first output
+    that is saved for the backward (those before it are the user's outputs and mutated inputs,
+    ``ViewAndMutationMeta.num_forward``); None when torch does not say."""
+    context = _get("static_inputs")()
+    metadata = getattr(context, "fw_metadata", None) if context is not None else None
+    start = getattr(metadata, "num_forward", None)
+    return int(start) if isinstance(start, int) else None
+
+
 # --- airstream.stream's eager check -----------------------------------------------------------
 
 

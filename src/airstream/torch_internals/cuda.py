@@ -101,6 +101,30 @@ def _probe_replay_checks() -> tuple[Callable[..., bool], Callable[..., None]]:
     return same, copy
 
 
+@_feature(
+    "storage_use_count",
+    "torch._C._storage_Use_Count(storage._cdata)",
+    "cuda-graphs",
+    "a forward's CUDA graph handing its saved tensors to the backward in place: whether they are "
+    "still held before the next replay overwrites them (as torch's cudagraph trees check)",
+)
+def _probe_storage_use_count() -> Callable[[Any], int]:
+    count: Callable[[int], int] = _attr("torch._C:_storage_Use_Count")
+    storage = torch.zeros(1).untyped_storage()
+    alias = torch.empty(0).set_(storage)
+    before = count(storage._cdata)
+    del alias
+    if count(storage._cdata) != before - 1:
+        raise RuntimeError("_storage_Use_Count no longer counts the tensors sharing a storage")
+    return lambda s: count(s._cdata)
+
+
+def storage_use_count(storage: Any) -> int:
+    """How many references ``storage`` (an ``UntypedStorage``) has: each tensor using it, each
+    Python storage object."""
+    return _get("storage_use_count")(storage)
+
+
 def data_ptrs_equal(tensors: list[Any], data_ptrs: list[int | None], indices: list[int]) -> bool:
     """``tensors[i].data_ptr() == data_ptrs[i]`` for every ``i`` of ``indices``, in one C call."""
     return _get("replay_checks")[0](tensors, data_ptrs, indices)
