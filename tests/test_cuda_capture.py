@@ -348,3 +348,228 @@ def test_a_forwards_saved_tensors_start_where_torch_says() -> None:
     compiled(x).relu().sum().backward()
     (start, outputs), _ = seen
     assert start == 1 and outputs > 1, "one user output, then what the backward saves"
+
+
+# ---- on a GPU ----------------------------------------------------------------------------------
+
+
+def _gpu_config(mode: str = "reduce-overhead") -> Any:
+    import airstream
+
+    config = airstream.CompilerConfig()
+    config.mode = mode
+    return config
+
+
+def _executor_of(backend: Any, kind: str = "inference") -> CudaGraphExecutor:
+    from tests.conftest import graph_of
+
+    executor = graph_of(backend, kind).executor
+    assert isinstance(executor, CudaGraphExecutor), type(executor)
+    return executor
+
+
+@pytest.mark.cuda
+def test_cuda_the_users_stream_after_a_replay_sees_the_call() -> None:
+    from tests.conftest import compile_model
+
+    alt = torch.cuda.Stream()
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        alt.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(alt):
+            y = torch.ops.airtest.slow_cos(x) * 2  # made late on alt, left for the caller
+        return y
+
+    compiled, backend = compile_model(model, _gpu_config())
+    other = torch.cuda.Stream()
+    bad = 0
+    for i in range(10):
+        x = torch.full((1 << 20,), float(i), device="cuda")
+        y = compiled(x)
+        other.wait_stream(alt)  # what eager code does before using alt's result elsewhere
+        with torch.cuda.stream(other):
+            got = y * 1
+        torch.cuda.synchronize()
+        bad += not torch.equal(got, x.cos() * 2)
+    assert bad == 0, f"{bad} of 10 reads on another stream raced with the replay"
+    assert _executor_of(backend).captures == 1
+
+
+@pytest.mark.cuda
+def test_cuda_training_under_capture_holds_at_most_eagers_memory_plus_the_pool() -> None:
+    """The bound: a captured training step's peak, over the memory held before it, is at most
+    eager's plus the graphs' pool; no weight and no saved activation is copied per replay."""
+    from tests.conftest import compile_model
+
+    def net() -> torch.nn.Module:
+        torch.manual_seed(0)
+        layers: list[torch.nn.Module] = []
+        for _ in range(4):
+            layers += [torch.nn.Linear(2048, 2048), torch.nn.ReLU()]
+        return torch.nn.Sequential(*layers).cuda()
+
+    def peak_of_a_step(run: Any) -> int:
+        x = torch.randn(512, 2048, device="cuda")
+        for _ in range(3):  # warm-up, capture, a replay
+            run(x).sum().backward()
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        run(x).sum().backward()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+
+    eager_model = net()
+    eager = peak_of_a_step(eager_model)
+    del eager_model
+    model = net()
+    compiled, backend = compile_model(model, _gpu_config())
+    captured = peak_of_a_step(compiled)
+    forward, backward = _executor_of(backend, "forward"), _executor_of(backend, "backward")
+    assert forward.captures == backward.captures == 1 and not forward.uncaptured_calls
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    copied = {b.untyped_storage().data_ptr() for _, b in backward._copies}
+    assert not copied & params and len(backward._copies) == 1, "only the tangent is copied"
+    assert backward._received, "the saved activations are read where the forward left them"
+    (memory,) = forward.pool._memory.values()
+    pool = sum(
+        s["total_size"]
+        for s in torch.cuda.memory_snapshot()
+        if tuple(s.get("segment_pool_id", ())) == tuple(memory.id)
+    )
+    assert captured <= eager + pool, f"{captured >> 20} MiB > {eager >> 20} + {pool >> 20} MiB"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_cuda_priority_1_runs(mode: str) -> None:
+    from tests.conftest import compile_model
+
+    import airstream
+
+    w = torch.randn(256, 256, device="cuda")
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        with airstream.stream("low", priority=1):
+            a = torch.mm(x, w).relu()
+        return a + torch.mm(w, x).sigmoid()
+
+    compiled, _ = compile_model(model, _gpu_config(mode))
+    x = torch.randn(256, 256, device="cuda")
+    with pytest.warns(UserWarning, match="stream priority 1 is outside"):
+        out = compiled(x)
+    torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.cuda
+def test_cuda_a_failing_capture_set_up_falls_back() -> None:
+    """As ``MemPool()`` fails under ``PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync``."""
+    from tests.test_cuda_runtime import _real
+
+    from airstream.runtime.cuda_api import CudaApi
+
+    class NoPool(CudaApi):
+        def new_pool(self) -> Any:
+            raise RuntimeError("MemPool is not supported by this allocator")
+
+    x, w = torch.randn(256, 256, device="cuda"), torch.randn(256, 256, device="cuda")
+    executor, gm = _real(_two_streams, x, w, api=NoPool())
+    graphed = CudaGraphExecutor(executor, gm, static=(1,))
+    with pytest.warns(UserWarning, match="setting the capture up"):
+        first = graphed([x, w])
+    assert not torch.cuda.is_current_stream_capturing()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            torch.testing.assert_close(graphed([x, w]), _two_streams(x, w))
+    torch.testing.assert_close(first, _two_streams(x, w))
+
+
+@pytest.mark.cuda
+@pytest.mark.filterwarnings("error")
+def test_cuda_outputs_of_replay_n_are_intact_after_replay_n_plus_1() -> None:
+    from tests.conftest import compile_model
+
+    w = torch.randn(512, 512, device="cuda")
+    compiled, backend = compile_model(lambda x: _two_streams(x, w), _gpu_config())
+    xs = [torch.randn(512, 512, device="cuda") for _ in range(4)]
+    outs = [compiled(x) for x in xs]
+    torch.cuda.synchronize()
+    for x, out in zip(xs, outs, strict=True):
+        torch.testing.assert_close(out, _two_streams(x, w), rtol=1e-4, atol=1e-4)
+    assert _executor_of(backend).captures == 1
+
+
+@pytest.mark.cuda
+def test_cuda_the_users_cuda_graph_around_a_compiled_call() -> None:
+    from tests.conftest import compile_model
+
+    alt = torch.cuda.Stream()
+    done = torch.cuda.Event()
+    w = torch.randn(256, 256, device="cuda")
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        alt.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(alt):
+            side = torch.mm(x, w).relu()
+            done.record()
+        main = torch.mm(w, x).sigmoid()
+        torch.cuda.current_stream().wait_event(done)
+        return side + main
+
+    compiled, _ = compile_model(model, _gpu_config())
+    static = torch.randn(256, 256, device="cuda")
+    for _ in range(3):
+        compiled(static)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = compiled(static)
+        torch.cuda.current_stream().wait_event(done)  # the user's event, recorded in the graph
+    for i in range(3):
+        static.copy_(torch.full_like(static, 0.01 * i))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, model(static), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.cuda
+def test_cuda_a_blocked_capture_is_reported_once_with_its_cause() -> None:
+    from tests.conftest import compile_model
+
+    w = torch.randn(256, 256, device="cuda")
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout(torch.mm(x, w), 0.5, training=True) + 1
+
+    compiled, backend = compile_model(model, _gpu_config())
+    x = torch.randn(256, 256, device="cuda")
+    with pytest.warns(UserWarning, match="draws random numbers") as caught:
+        for _ in range(3):
+            compiled(x)
+    assert len([c for c in caught if "not captured" in str(c.message)]) == 1
+    assert _executor_of(backend).status.startswith("not captured: ")
+
+
+def test_reports_say_per_graph_whether_it_is_captured() -> None:
+    """What ``airstream explain`` prints (``cuda graph: ...``) and benches report."""
+    from types import SimpleNamespace
+
+    from airstream.bench.timing import cuda_graphs
+    from airstream.runtime.cuda_graphs import capture_statuses
+
+    ok, _ = _graph_executor(_two_streams, (4, 4), (4, 4))
+    ok([torch.randn(4, 4), torch.randn(4, 4)])
+    inner, gm = _executor(lambda x: torch.nn.functional.dropout(x, 0.5) + 1, (8,))
+    blocked = CudaGraphExecutor(inner, gm)
+    measured = SimpleNamespace(candidates={"one stream": ok, "placed": blocked})
+    assert capture_statuses(ok) == ["captured"]
+    (one, placed) = capture_statuses(measured)
+    assert one == "one stream: captured" and placed.startswith("placed: not captured: ")
+    assert capture_statuses(inner) == []
+    backends = {
+        "a": SimpleNamespace(graphs=[SimpleNamespace(executor=ok)]),
+        "b": SimpleNamespace(graphs=[SimpleNamespace(executor=inner)]),
+    }
+    assert cuda_graphs(backends) == {"a": ["captured"]}

@@ -23,6 +23,7 @@ from airstream.debug.report import format_segments, format_streams
 from airstream.nodes import AUTO_STREAMS_KEY
 from airstream.observers import CompileObserver
 from airstream.passes.manager import PassSpec
+from airstream.runtime.cuda_graphs import capture_statuses
 from airstream.runtime.measured import Measurements
 from airstream.streams import StreamAssignment, assign_streams
 
@@ -63,6 +64,8 @@ class ExplainReport:
                 out.write(f"\n== graph {i} ({graph.kind}) plan ==\n{graph.compiled.plan}\n")
                 out.write(graph.compiled.plan.summary() + "\n")
                 out.write(f"executor: {type(graph.compiled.executor).__name__}\n")
+                for status in capture_statuses(graph.compiled.executor):
+                    out.write(f"cuda graph: {status}\n")
                 out.write(f"mode: {graph.mode}\n")
                 if graph.compiled.segments or graph.mode == "max-autotune":
                     out.write(f"\n== graph {i} ({graph.kind}) max-autotune segments ==\n")

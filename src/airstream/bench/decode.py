@@ -32,7 +32,12 @@ from typing import Any
 
 import torch
 
-from airstream.bench.timing import interleaved_medians, run_conditions, synchronized
+from airstream.bench.timing import (
+    cuda_graphs,
+    interleaved_medians,
+    run_conditions,
+    synchronized,
+)
 from airstream.bench.verdict import never_slower, never_slower_line
 from airstream.nodes import AUTO_STREAMS_KEY
 
@@ -273,6 +278,8 @@ def run_decode(
         )
         if measured:
             report["models"][name]["auto_streams"]["measured"] = measured
+        for runner, statuses in cuda_graphs(backends).items():
+            report["models"][name][runner]["cuda_graphs"] = statuses
         decision = next((d for d in decisions if d is not None), None)
         if decision is not None:
             report["models"][name]["auto_streams"]["decision"] = str(decision)

@@ -23,7 +23,13 @@ from typing import Any
 import torch
 
 from airstream.backend import get_backend
-from airstream.bench.timing import checked_medians, run_conditions, synchronized, with_threads
+from airstream.bench.timing import (
+    checked_medians,
+    cuda_graphs,
+    run_conditions,
+    synchronized,
+    with_threads,
+)
 from airstream.bench.verdict import never_slower, never_slower_line
 from airstream.config import CompilerConfig
 from airstream.ops.library import STREAM_LABEL_KEY, scope_enter, scope_exit
@@ -143,7 +149,8 @@ def run_moe(
     torch.manual_seed(0)
     model = MoE(experts, hidden).eval().to(device)
     x = torch.randn(tokens, hidden, device=device)
-    single = torch.compile(model, backend=get_backend(CompilerConfig()))
+    single_backend = get_backend(CompilerConfig())
+    single = torch.compile(model, backend=single_backend)
     config = CompilerConfig()
     config.post_grad_custom_pre_pass = split_experts(2)
     backend = get_backend(config)
@@ -188,6 +195,9 @@ def run_moe(
         "dtype": "float32",
         **run_conditions(rounds, calls, device),
         "plan": plan.summary(),
+        "cuda_graphs": cuda_graphs(
+            {"airstream 1 stream": single_backend, "airstream 2 streams": backend}
+        ),
         "ms": {name: t * 1e3 for name, t in medians.items()},
         "speedup_2_streams_vs_best_default": baseline / medians["airstream 2 streams"],
         "speedup_2_streams_vs_1_stream": medians["airstream 1 stream"]
@@ -227,5 +237,7 @@ def format_moe(report: dict[str, Any]) -> str:
             "runners interleaved in one process, warm, medians",
         )
     )
+    for runner, statuses in report.get("cuda_graphs", {}).items():
+        lines.append(f"{runner}: CUDA graph {', '.join(statuses)}")
     lines.append("plan of the 2-stream graph:\n" + report["plan"])
     return "\n".join(lines)

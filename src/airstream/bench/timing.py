@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from airstream.runtime.cuda_graphs import capture_statuses
+
 __all__ = [
     "MEASURING_CALLS",
     "checked_medians",
@@ -120,3 +122,13 @@ def run_conditions(rounds: int, calls: int, device: str = "cpu") -> dict[str, An
         "rounds": rounds,
         "calls_per_round": calls,
     }
+
+
+def cuda_graphs(backends: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Per airstream runner, whether each of its graphs replays a CUDA graph (reduce-overhead:
+    ``captured``, or ``not captured: <why>``); runners without CUDA graphs are left out."""
+    found = {
+        name: [s for g in getattr(b, "graphs", []) for s in capture_statuses(g.executor)]
+        for name, b in backends.items()
+    }
+    return {name: statuses for name, statuses in found.items() if statuses}

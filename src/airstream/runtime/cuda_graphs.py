@@ -78,6 +78,7 @@ from airstream.torch_internals import data_ptrs_equal, foreach_copy, storage_use
 
 __all__ = [
     "CaptureFailed",
+    "capture_statuses",
     "CudaGraphExecutor",
     "capture_blockers",
     "copy_like",
@@ -544,3 +545,14 @@ class CudaGraphExecutor:
 def _storage(tensor: torch.Tensor) -> int:
     """The address of ``tensor``'s storage (what aliasing tensors share)."""
     return int(tensor.untyped_storage().data_ptr())
+
+
+def capture_statuses(executor: Any) -> list[str]:
+    """Whether ``executor`` replays CUDA graphs, for reports: one :attr:`CudaGraphExecutor.status`
+    per graph it may run (a measured executor's candidates, named), none off CUDA graphs."""
+    if isinstance(executor, CudaGraphExecutor):
+        return [executor.status]
+    candidates = getattr(executor, "candidates", None)
+    if isinstance(candidates, Mapping):
+        return [f"{name}: {s}" for name, c in candidates.items() for s in capture_statuses(c)]
+    return []
