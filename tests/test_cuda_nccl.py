@@ -10,13 +10,14 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 from tests.conftest import compile_model, graph_of
 
 import airstream
+from airstream import torch_internals
 from airstream.runtime.cuda_graphs import CudaGraphExecutor
 
 pytestmark = pytest.mark.cuda
+funcol = torch_internals.functional_collectives()
 
 
 @pytest.fixture(scope="module")
