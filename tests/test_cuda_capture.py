@@ -573,3 +573,17 @@ def test_reports_say_per_graph_whether_it_is_captured() -> None:
         "b": SimpleNamespace(graphs=[SimpleNamespace(executor=inner)]),
     }
     assert cuda_graphs(backends) == {"a": ["captured"]}
+
+
+def test_a_backward_fed_by_two_forwards_of_its_pool_captures_again_without_counting() -> None:
+    """Measured candidates: two forwards of one pool take turns, so the backward's saved tensors
+    arrive from either's memory; it captures for the new ones without nearing the rerecord limit
+    (which counts weights replaced by new tensors)."""
+    api = StandInCuda()
+    first, backward = _training_pair(api)
+    fw, fgm = _executor(_forward, (6, 6), (6, 6), api=api)
+    second = CudaGraphExecutor(fw, fgm, static=(1,), pool=first.pool, saved=range(1, 3))
+    w = torch.randn(6, 6)
+    for forward in (first, second, first, second):
+        _step(forward, backward, torch.randn(6, 6), w)
+    assert backward.captures == 4 and backward.rerecords == 0 and not backward.uncaptured_calls

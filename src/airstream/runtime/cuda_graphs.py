@@ -390,6 +390,11 @@ class CudaGraphExecutor:
             return False
         return not data_ptrs_equal(args, self._addresses, self._static_indices)
 
+    def _weights_moved(self, args: list[Any]) -> bool:
+        """A static input other than a handed-over tensor is not the one captured."""
+        weights = [i for i in self._static_indices if i not in self._received]
+        return bool(weights) and not data_ptrs_equal(args, self._addresses, weights)
+
     def _received_elsewhere(self, args: list[Any]) -> bool:
         """A tensor the forward hands over arrived from somewhere else: the forward ran without
         its graph for this call (its previous activations were still held)."""
@@ -496,11 +501,15 @@ class CudaGraphExecutor:
                     )
                 if self._graph is None or moved:
                     pool.wait_idle(device)  # a replay still running uses the old memory
-                    if moved:
+                    # a weight that moved counts toward the limit; saved tensors a forward of
+                    # the pool handed over from elsewhere in its memory (a recaptured forward,
+                    # another measured candidate's) are captured again without counting
+                    if moved and self._weights_moved(args):
                         self.rerecords += 1
                         if self.rerecords > self.rerecord_limit:
                             self._stop_capturing(args)
                             return self.inner(args)
+                    if moved:
                         self._drop()  # before the capture: it may reuse the old graph's memory
                     try:
                         self._capture(args)
