@@ -6,9 +6,15 @@ import threading
 
 import torch
 
+import airstream
+
 # Per-test state, reset by the tests that use it (the op is only ever called from tests).
 SEEN: list[tuple[str, str, int]] = []
 BARRIERS: dict[str, threading.Barrier] = {}
+
+
+# The tests' ops keep no state another op uses: they may run at once on different streams.
+airstream.declare_shared_state("airstream_test", None)
 
 
 @torch.library.custom_op("airstream_test::probe", mutates_args=())

@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "config",
                 "mode",
                 "ops",
+                "foreign_ops",
                 "effects",
                 "fusion",
                 "fused",

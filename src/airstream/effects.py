@@ -37,6 +37,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from airstream.foreign_ops import needs_caller_threads, shared_state
 from airstream.ops.air_print import air_print
 from airstream.ops.library import is_air_op, record, scope_enter, scope_exit, wait, wait_tensor
 from airstream.ops.tagged import TAGGED_EVENT_OPS
@@ -99,6 +100,10 @@ class Effects:
         allocates: its result is fresh uninitialized memory (``empty``, ...): never merged.
         impure: torch's own rules say it has an effect beyond its result (an assertion, a
             registered effectful op, a higher-order op wrapping one): kept where it is.
+        shared_state: the process-global state it shares with other ops (another library's
+            scratch buffer, :mod:`airstream.foreign_ops`): ops sharing one never run at once.
+        caller_threads: it must run with the caller's intra-op threads (vLLM's CPU attention):
+            on the main stream, while no other stream works.
     """
 
     random: bool = False
@@ -111,6 +116,8 @@ class Effects:
     host_sync: bool = False
     allocates: bool = False
     impure: bool = False
+    shared_state: str | None = None
+    caller_threads: bool = False
 
     @property
     def mutates(self) -> bool:
@@ -240,7 +247,12 @@ def effects(node: torch.fx.Node) -> Effects:
         return Effects(air=True, host_sync=target in NATIVE_HOST_SYNCS)
     if is_higher_order(target):  # its effects depend on what it wraps
         impure = torch_side_effects(target, node.args, node.kwargs)
-        return Effects(impure=impure) if impure else _PURE
+        wrapped = [a for a in node.args if isinstance(a, OpOverload)]  # auto_functionalized's op
+        state = next(filter(None, map(_shared_state, wrapped)), None)
+        threads = any(map(_caller_threads, wrapped))
+        if not (impure or state or threads):
+            return _PURE
+        return Effects(impure=impure, shared_state=state, caller_threads=threads)
     try:
         rule = _rule(target)
     except TypeError:  # an unhashable callable: no declared effects
@@ -261,10 +273,28 @@ def effects(node: torch.fx.Node) -> Effects:
         host_sync=rule.host_sync,
         allocates=rule.allocates,
         impure=rule.impure,
+        shared_state=_shared_state(target),
+        caller_threads=_caller_threads(target),
     )
 
 
 _NO_RULE = _Rule()
+
+
+def _shared_state(target: Any) -> str | None:
+    """The process-global state an op overload shares (:mod:`airstream.foreign_ops`)."""
+    if not isinstance(target, OpOverload):
+        return None
+    namespace, name, _ = op_name(target)
+    return shared_state(namespace, name)
+
+
+def _caller_threads(target: Any) -> bool:
+    """Must an op overload run with the caller's threads (:mod:`airstream.foreign_ops`)?"""
+    if not isinstance(target, OpOverload):
+        return False
+    namespace, name, _ = op_name(target)
+    return needs_caller_threads(namespace, name)
 
 
 def written_arguments(op: Any) -> tuple[str, ...]:
@@ -318,9 +348,13 @@ def summarize(members: Iterable[torch.fx.Node], outputs: Iterable[torch.fx.Node]
     writes: dict[torch.fx.Node, None] = {}
     roots: dict[torch.fx.Node, tuple[torch.fx.Node, ...]] = {}
     host_sync = False
+    state: str | None = None
+    threads = False
     for node in inside:
         found = effects(node)
         host_sync = host_sync or found.host_sync
+        state = state or found.shared_state
+        threads = threads or found.caller_threads
         writes.update((w, None) for w in found.writes if w not in member_set)
         reached: dict[torch.fx.Node, None] = {}
         for source in found.aliases:
@@ -332,7 +366,13 @@ def summarize(members: Iterable[torch.fx.Node], outputs: Iterable[torch.fx.Node]
     aliases: dict[torch.fx.Node, None] = {}
     for out in outputs:
         aliases.update(dict.fromkeys(roots.get(out, ())))
-    return Effects(writes=tuple(writes), aliases=tuple(aliases), host_sync=host_sync)
+    return Effects(
+        writes=tuple(writes),
+        aliases=tuple(aliases),
+        host_sync=host_sync,
+        shared_state=state,
+        caller_threads=threads,
+    )
 
 
 def alias_classes(graph: torch.fx.Graph) -> dict[torch.fx.Node, torch.fx.Node]:

@@ -38,6 +38,7 @@ from types import MappingProxyType
 import torch
 import torch.fx
 
+from airstream.effects import effects
 from airstream.errors import StreamError
 from airstream.nodes import GRAPH_KIND_KEY, describe
 from airstream.ops.library import (
@@ -370,6 +371,13 @@ def _read(gm: torch.fx.GraphModule, lowered: _Lowered) -> StreamAssignment:
                 "meta of the node it replaces). This is a bug in airstream."
             )
         stream_of[node.name] = meta[STREAM_KEY]
+        if meta[STREAM_KEY] is not None and effects(node).caller_threads:
+            raise StreamError(
+                f"{describe(node)} in the {_kind(gm)} graph is on stream {meta[STREAM_KEY]!r}, "
+                "but it must run on the main stream: it checks that it runs on the caller's "
+                "intra-op threads (vLLM's CPU attention; airstream.foreign_ops). Leave it out of "
+                "the nodes your pass places on a side stream."
+            )
         attrs = meta.get(SCOPE_KEY)
         if attrs:
             scope_attrs[node.name] = attrs

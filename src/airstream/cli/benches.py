@@ -149,6 +149,13 @@ def _serving(a: argparse.Namespace) -> Report:
     return report, format_serving(report)
 
 
+def _vllm(a: argparse.Namespace) -> Report:
+    from airstream.bench.vllm import format_vllm, run_vllm
+
+    report = run_vllm(rounds=a.rounds, steps=a.tokens, hidden=a.hidden, layers=a.layers)
+    return report, format_vllm(report)
+
+
 def _decode(a: argparse.Namespace) -> Report:
     from airstream.bench.decode import DECODE_MODELS, format_decode, run_decode
 
@@ -309,6 +316,12 @@ BENCHES: Mapping[str, Bench] = {
         {"tokens": 2, "calls": 3},
     ),
     "serving-loop": Bench("models called alone and between eager sampling work", _serving),
+    "vllm": Bench(
+        "a tiny Qwen2-MoE served by vLLM's CPU build: Inductor, one stream, streams (--tokens:"
+        " decode steps per measure)",
+        _vllm,
+        {"rounds": 5, "tokens": 8, "hidden": 256, "layers": 2},
+    ),
     "restart": Bench(
         "a new process's first call, cold and warm caches: torch.compile, cache_compile",
         _restart,

@@ -1,12 +1,15 @@
 """Ordering requirements of a graph beyond program order: which earlier nodes each node needs.
 
-Five sources (docs/design.md section 3, "Stream semantics"): data edges, control edges (``wait``,
+Seven sources (docs/design.md section 3, "Stream semantics"): data edges, control edges (``wait``,
 ``wait_tensor``), mutation (a write runs after every earlier reader and writer of the same
 storage, and a read after the last earlier write), RNG (ops drawing from the global generator
-keep graph order) and collectives (``torch.distributed`` functional collectives are issued in
-graph order on whatever streams they run, so every rank issues them in the same order and no
-placement can pair one rank's all_reduce with another rank's all_gather). The planner turns the
-cross-stream ones into event syncs.
+keep graph order), collectives (``torch.distributed`` functional collectives are issued in graph
+order on whatever streams they run, so every rank issues them in the same order and no placement
+can pair one rank's all_reduce with another rank's all_gather) and shared state (ops sharing a
+process-global state, such as vLLM's CPU scratchpad, run one at a time, in graph order:
+:mod:`airstream.foreign_ops`); an op that needs the caller's threads (vLLM's CPU attention) runs
+alone, after every earlier node and before every later one. The planner turns the cross-stream
+ones into event syncs.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ class Requirement:
     """``node`` must not start before ``before`` has completed, because of ``reason``."""
 
     before: torch.fx.Node
-    reason: str  # "data", "control", "mutation", "rng" or "collective"
+    # "data", "control", "mutation", "rng", "collective", "shared state" or "alone"
+    reason: str
 
 
 class _Storages:
@@ -62,7 +66,7 @@ class _Storages:
 
 class _Order:
     """What the walk has seen so far: each storage's last write(s) and the reads since, the last
-    random op and the last collective."""
+    random op, the last collective and the last op sharing each process-global state."""
 
     def __init__(self) -> None:
         self.storages = _Storages()
@@ -70,6 +74,9 @@ class _Order:
         self.reads_since_write: dict[torch.fx.Node, list[torch.fx.Node]] = {}
         self.last_random: torch.fx.Node | None = None
         self.last_collective: torch.fx.Node | None = None
+        self.last_sharing: dict[str, torch.fx.Node] = {}  # per shared state
+        self.last_alone: torch.fx.Node | None = None  # the last op that runs alone
+        self.since_alone: list[torch.fx.Node] = []  # every executed node after it
 
     def _rebase(self, old: torch.fx.Node, new: torch.fx.Node) -> None:
         """Two storages merged: what was known about the old root now belongs to the new one."""
@@ -102,7 +109,8 @@ class _Order:
         return reqs
 
     def issue_order(self, node: torch.fx.Node, found: Effects) -> list[Requirement]:
-        """Random ops in graph order (one generator state), collectives too (every rank)."""
+        """Random ops in graph order (one generator state), collectives too (every rank), and
+        ops sharing a process-global state (never two at once)."""
         reqs: list[Requirement] = []
         if found.random:
             if self.last_random is not None:
@@ -112,7 +120,23 @@ class _Order:
             if self.last_collective is not None:
                 reqs.append(Requirement(self.last_collective, "collective"))
             self.last_collective = node
+        if found.shared_state is not None:
+            if (last := self.last_sharing.get(found.shared_state)) is not None:
+                reqs.append(Requirement(last, "shared state"))
+            self.last_sharing[found.shared_state] = node
         return reqs
+
+    def alone(self, node: torch.fx.Node, found: Effects) -> list[Requirement]:
+        """An op that needs the caller's threads runs after everything before it; everything
+        after it runs after it: no other stream works while it runs."""
+        before = self.since_alone if found.caller_threads else []
+        if self.last_alone is not None:
+            before = [self.last_alone, *before]
+        if found.caller_threads:
+            self.last_alone, self.since_alone = node, []
+        else:
+            self.since_alone.append(node)
+        return [Requirement(b, "alone") for b in before]
 
 
 def _data(node: torch.fx.Node) -> list[Requirement]:
@@ -146,5 +170,6 @@ def requirements(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[Requirement]
             continue
         found = effects(node)
         reqs = _data(node) + seen.memory(node, found) + seen.issue_order(node, found)
+        reqs += seen.alone(node, found)
         out[node] = [r for r in reqs if r.before is not node]
     return out

@@ -40,7 +40,12 @@ def uses_threads(node: torch.fx.Node) -> bool:
     elements (a symbolic size counts as big). Smaller ops (a router's top-k over a few tokens)
     and views (a weight's transpose) take a core for microseconds: running beside one is not
     sharing the cores."""
-    if node.op != "call_function" or node.target is operator.getitem or effects(node).view:
+    if node.op != "call_function" or node.target is operator.getitem:
+        return False
+    found = effects(node)
+    if found.caller_threads:  # it must get the caller's threads (airstream.foreign_ops)
+        return True
+    if found.view:
         return False
     values = [node.meta.get("val")] + [n.meta.get("val") for n in node.all_input_nodes]
     for value in values:

@@ -176,8 +176,10 @@ def _alternatives(
 
 
 def _pinned(node: torch.fx.Node) -> bool:
-    # getitem runs with its producer; mutations keep their place on main (they end the graph).
-    return node.target is operator.getitem or effects(node).mutates
+    # getitem runs with its producer; mutations keep their place on main (they end the graph);
+    # an op needing the caller's threads runs on main (airstream.foreign_ops).
+    found = effects(node)
+    return node.target is operator.getitem or found.mutates or found.caller_threads
 
 
 def _order_matters(node: torch.fx.Node) -> bool:

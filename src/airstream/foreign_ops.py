@@ -1,0 +1,121 @@
+"""What airstream knows of other libraries' ops beyond their schemas: the process-global state
+they share, and the intra-op threads they insist on.
+
+**Shared state.** A CPU stream is a thread, so two streams run their ops at the same time. An op
+is safe there only if it keeps no state between calls that another op also uses. torch's own ops
+(``aten``, ``prims``, the functional collectives) and airstream's keep none. Other libraries'
+ops may:
+
+- **vLLM's CPU kernels** (namespaces ``_C`` and ``vllm``: ``onednn_mm``, ``cpu_fused_moe``,
+  attention) write into one scratch buffer per process. It is a function-local static,
+  ``cpu_utils::ScratchPadManager::get_scratchpad_manager()::manager``, reallocated when a call
+  needs more. Two of these kernels at once read each other's partial results or crash
+  (``malloc(): unsorted double linked list corrupted``, seen with the shared expert on a side
+  stream). ``objdump -d -C vllm/_C.abi3.so`` shows the static's guard variable.
+- **An op airstream does not know** (any other namespace) is treated the same way, with its
+  namespace as its state, and named once per process in a warning: ops of one unknown library
+  never overlap each other across streams, while each still overlaps torch's ops.
+
+:func:`declare_shared_state` tells airstream otherwise: ``declare_shared_state("mylib", None)``
+says the library's ops are safe to run at once; ``declare_shared_state("mylib::fused",
+"mylib scratch")`` names the state ops share. The planner orders ops that share a state by graph
+order (``schedule/deps.py``, reason ``"shared state"``), like writes to one buffer. Declarations
+are read when a graph compiles.
+
+**The caller's threads.** vLLM's CPU attention (``vllm::unified_attention_with_output``) checks
+that it runs on as many OpenMP threads as its metadata was built for, outside the graph, on the
+calling thread (``cpu_attn_impl.hpp``: ``Check failed: input->metadata->thread_num ==
+thread_num (2 vs. 1)``). Such an op runs on the main stream with no other stream working (the
+planner orders it after and before every other stream's work, reason ``"alone"``), which is where
+the runtime gives the main stream every thread the caller has (``schedule/overlap.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+__all__ = ["declare_shared_state", "needs_caller_threads", "shared_state"]
+
+log = logging.getLogger("airstream")
+
+# Namespaces whose ops keep no state between calls that another op uses.
+_SAFE = frozenset(
+    {
+        "aten",
+        "prims",
+        "air",  # airstream's own ops
+        "npugraph_ex",  # the air ops under TorchAir's names (airstream.compat.torchair)
+        "_c10d_functional",  # ordered as collectives instead (schedule/deps.py)
+        "_c10d_functional_autograd",
+        "c10d",
+        "_dtensor",
+        "quantized",
+        "profiler",  # record_function ranges: per thread
+    }
+)
+
+_VLLM = "vLLM's CPU scratchpad (cpu_utils::ScratchPadManager, one per process)"
+_KNOWN: dict[str, str | None] = {"_C": _VLLM, "vllm": _VLLM}
+
+# Ops that must run with the caller's intra-op threads (see the module docstring).
+_CALLER_THREADS = frozenset({"vllm::unified_attention_with_output", "vllm::unified_attention"})
+
+_lock = threading.Lock()
+_declared: dict[str, str | None] = {}  # "ns" or "ns::name" -> state (None: safe)
+_named: set[str] = set()  # unknown ops already named in a warning
+
+
+def declare_shared_state(target: str, state: str | None) -> None:
+    """Declare what ``target`` (a namespace ``"mylib"`` or an op ``"mylib::name"``) shares.
+
+    ``state=None``: its ops keep no shared state and may run at once on different streams.
+    A string: every op declared with that string is ordered against the others (never two at
+    once). An op's own declaration wins over its namespace's."""
+    if not isinstance(target, str) or not target or target.count("::") > 1:
+        raise ValueError(
+            f"declare_shared_state: target must be 'namespace' or 'namespace::op', got {target!r}"
+        )
+    if state is not None and (not isinstance(state, str) or not state):
+        raise ValueError(
+            f"declare_shared_state: state must be a non-empty string or None, got {state!r}"
+        )
+    with _lock:
+        _declared[target] = state
+
+
+def shared_state(namespace: str, name: str) -> str | None:
+    """The process-global state op ``namespace::name`` shares with other ops, or None."""
+    qualified = f"{namespace}::{name}"
+    with _lock:
+        for key in (qualified, namespace):
+            if key in _declared:
+                return _declared[key]
+    if namespace in _SAFE:
+        return None
+    if namespace in _KNOWN:
+        return _KNOWN[namespace]
+    _name_once(qualified, namespace)
+    return f"{namespace} (not known to be safe beside itself)"
+
+
+def _name_once(qualified: str, namespace: str) -> None:
+    with _lock:
+        if qualified in _named:
+            return
+        _named.add(qualified)
+    log.warning(
+        "airstream: %s is not known to airstream; on different streams it never runs at the same "
+        "time as another %s op (it may share state with them). If the %s library's ops are safe "
+        "to run at once, say so before compiling: "
+        "airstream.declare_shared_state(%r, None)",
+        qualified,
+        namespace,
+        namespace,
+        namespace,
+    )
+
+
+def needs_caller_threads(namespace: str, name: str) -> bool:
+    """Must op ``namespace::name`` run with every intra-op thread of the calling thread?"""
+    return f"{namespace}::{name}" in _CALLER_THREADS

@@ -1,0 +1,122 @@
+"""Ops sharing process-global state (airstream.foreign_ops): never two at once across streams.
+
+The op below is vLLM's CPU kernels in miniature: it writes ``out`` (an ``out=`` op, reaching the
+graph through ``auto_functionalized_v2``) by way of one module-level scratch buffer, with a
+pause between filling the buffer and copying it out. Two calls at once read each other's partial
+result; airstream, not knowing the op's library, must order them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+import torch
+from tests.conftest import assert_same, compile_model, graph_of
+
+import airstream
+from airstream.foreign_ops import shared_state
+
+_SCRATCH = torch.zeros(64, 64)
+_lock = threading.Lock()
+_state = {"in_flight": 0, "most": 0}
+
+
+@torch.library.custom_op("airstream_scratch::mm", mutates_args=("out",))
+def scratch_mm(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+    """``out = x @ w`` through the shared scratch buffer; notes how many calls overlapped."""
+    with _lock:
+        _state["in_flight"] += 1
+        _state["most"] = max(_state["most"], _state["in_flight"])
+    try:
+        rows = x.shape[0]
+        torch.mm(x, w, out=_SCRATCH[:rows])
+        time.sleep(0.02)  # another call at once overwrites the buffer here
+        out.copy_(_SCRATCH[:rows])
+    finally:
+        with _lock:
+            _state["in_flight"] -= 1
+
+
+@scratch_mm.register_fake
+def _(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+    return None
+
+
+def _mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(x.shape[0], w.shape[1])
+    torch.ops.airstream_scratch.mm(out, x, w)
+    return out
+
+
+class _TwoBranches(torch.nn.Module):
+    """A shared expert beside the routed one: each a scratch-buffer matmul, on two streams."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w1 = torch.nn.Parameter(torch.randn(64, 64))
+        self.w2 = torch.nn.Parameter(torch.randn(64, 64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with airstream.stream("shared_expert"):
+            shared = _mm(x.sin(), self.w1).relu()
+        routed = _mm(x.cos(), self.w2).relu()
+        return shared + routed
+
+
+def test_an_unknown_librarys_ops_never_run_at_once_and_are_named_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = _TwoBranches()
+    x = torch.randn(16, 64)
+    with torch.no_grad():
+        want = model(x)
+        with caplog.at_level(logging.WARNING, logger="airstream"):
+            compiled, backend = compile_model(model, fullgraph=True)
+            _state["most"] = 0
+            for _ in range(3):
+                assert_same(compiled(x), want)
+    assert _state["most"] == 1  # ordered: never two calls at once
+    graph = graph_of(backend, "inference")
+    on_side = graph.streams.nodes_on("shared_expert")
+    assert any("auto_functionalized" in name for name in on_side), on_side
+    shared = [s for s in graph.plan.syncs if s.reason == "shared state"]
+    assert shared, [s.reason for s in graph.plan.syncs]
+    named = [r.getMessage() for r in caplog.records if "airstream_scratch::mm" in r.getMessage()]
+    assert len(named) == 1, named
+    assert "airstream.declare_shared_state('airstream_scratch', None)" in named[0]
+
+
+def test_a_declared_state_orders_only_the_ops_that_share_it() -> None:
+    airstream.declare_shared_state("airstream_declared", None)
+    assert shared_state("airstream_declared", "anything") is None
+    airstream.declare_shared_state("airstream_declared::fused", "one scratch")
+    assert shared_state("airstream_declared", "fused") == "one scratch"  # the op's own wins
+    assert shared_state("airstream_declared", "other") is None
+
+
+def test_torchs_ops_and_vllms_cpu_kernels_are_known_without_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="airstream"):
+        assert shared_state("aten", "mm") is None
+        assert shared_state("_c10d_functional", "all_reduce") is None
+        onednn = shared_state("_C", "onednn_mm")
+        assert onednn is not None and "ScratchPadManager" in onednn
+        assert shared_state("vllm", "unified_attention_with_output") == onednn
+    assert not caplog.records
+
+
+@pytest.mark.parametrize(
+    ("target", "state", "says"),
+    [
+        ("a::b::c", None, "target must be 'namespace' or 'namespace::op'"),
+        ("", None, "target must be"),
+        ("mylib", "", "state must be a non-empty string or None"),
+    ],
+)
+def test_a_bad_declaration_says_what_is_expected(target: str, state: str | None, says: str) -> None:
+    with pytest.raises(ValueError, match="declare_shared_state: " + says):
+        airstream.declare_shared_state(target, state)
