@@ -204,14 +204,34 @@ def test_a_custom_op_writing_inputs_is_called_directly() -> None:
     assert not [t for t in targets(gm) if "auto_functionalized" in str(t)]
 
 
-def test_a_custom_op_writing_a_view_stays_functionalized() -> None:
+def test_a_custom_op_writing_a_view_of_an_input_writes_that_view() -> None:
     def fn(x: torch.Tensor, s: torch.Tensor, c: torch.Tensor) -> Any:
-        return sin_cos_(x, s[1:], c)  # writes a view of s: the base must be copied back
+        return sin_cos_(x, s[1:], c)  # writes a view of s: the call writes it through the view
 
     graph, _, _ = _run(fn, _config(), *[torch.randn(3) for _ in range(3)])
     gm = graph.graph_module
-    assert sin_cos_ not in targets(gm)
-    assert any("auto_functionalized" in str(t) for t in targets(gm))
+    (call,) = [n for n in gm.graph.nodes if n.target is sin_cos_]
+    view = call.kwargs["out_sin"]
+    assert view.target is aten.slice.Tensor and view.args[0].op == "placeholder"
+    assert _copies_into_inputs(gm) == 0
+    assert not [t for t in targets(gm) if "auto_functionalized" in str(t)]
+
+
+def test_a_custom_op_writing_two_slices_of_a_temporary_is_called_on_them() -> None:
+    """vLLM's rotary embedding writes the query and key slices of one projection's output."""
+
+    def fn(x: torch.Tensor) -> Any:
+        qkv = x.exp()  # a temporary
+        out = sin_cos_(x, qkv[:, :4], qkv[:, 4:6])
+        return out, qkv.sum(1)
+
+    graph, _, _ = _run(fn, _config(), torch.randn(5, 8))
+    gm = graph.graph_module
+    (call,) = [n for n in gm.graph.nodes if n.target is sin_cos_]
+    slices = [call.kwargs["out_sin"], call.kwargs["out_cos"]]
+    assert [v.target for v in slices] == [aten.slice.Tensor] * 2
+    assert slices[0].args[0] is slices[1].args[0]  # one base, written in place
+    assert not [t for t in targets(gm) if "auto_functionalized" in str(t)]
 
 
 @pytest.mark.parametrize("mode", [None, "max-autotune"])

@@ -4,7 +4,7 @@ node stands for, and which outputs AOTAutograd rebuilds from inputs at run time.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -40,15 +40,19 @@ def _probe_auto_functionalized() -> Any:
 class FunctionalizedCall:
     """What an ``auto_functionalized_v2`` node stands for: ``op(**kwargs)`` writing ``bases``.
 
-    ``kwargs`` holds the op's arguments with each written one replaced by its base node; the
-    node's results are ``returns`` slots for the op's result (one, ``None``, when the op returns
-    nothing; one per value when it returns several), then each base's new value, in order.
+    ``kwargs`` holds the op's arguments with each written one replaced by its base node, or,
+    where the op writes a view of its base, by that view: ``views[name]`` is ``(view_op,
+    args)`` to make it (``aten.slice.Tensor`` or ``aten.as_strided.default``, the base first).
+    The node's results are ``returns`` slots for the op's result (one, ``None``, when the op
+    returns nothing; one per value when it returns several), then each base's new value, in
+    order.
     """
 
     op: OpOverload
     kwargs: Mapping[str, Any]
     bases: tuple[torch.fx.Node, ...]
     returns: int
+    views: Mapping[str, tuple[OpOverload, tuple[Any, ...]]] = field(default_factory=dict)
 
 
 def _covers(base: torch.fx.Node, size: Any, stride: Any, offset: Any) -> bool:
@@ -66,26 +70,38 @@ def _covers(base: torch.fx.Node, size: Any, stride: Any, offset: Any) -> bool:
     return all(statically_known_true(a == b) for a, b in pairs)  # no guard on a symbolic size
 
 
-def _whole_base(kwargs: Mapping[str, Any], prefix: str, base: torch.fx.Node) -> bool:
-    """Does the view metadata under ``prefix`` describe all of ``base``: none, an alias, or an
-    ``as_strided`` view with the base's own size, stride and offset?"""
-    keys = {k[len(prefix) :] for k in kwargs if k.startswith(prefix)} - {"base_index"}
+_WHOLE = ("whole",)  # _view_of: the argument is all of its base
+
+
+def _view_of(
+    kwargs: Mapping[str, Any], prefix: str, base: torch.fx.Node, others: tuple[str, ...]
+) -> tuple[Any, ...] | None:
+    """What the view metadata under ``prefix`` makes of ``base``: ``_WHOLE`` (none, an alias,
+    or an ``as_strided`` view with the base's own size, stride and offset), ``(view_op, args)``
+    for a slice or another ``as_strided`` view, or None for metadata unknown here (a list).
+    ``others``: longer prefixes of other written arguments (``_output_block_scale_`` beside
+    ``_output_``), whose keys are theirs."""
+    mine = [k for k in kwargs if k.startswith(prefix) and not k.startswith(others)]
+    keys = {k[len(prefix) :] for k in mine} - {"base_index"}
     if not keys or keys == {"alias"}:
-        return True
+        return _WHOLE
     if keys == {"size", "stride", "storage_offset"}:
-        return _covers(
-            base,
-            kwargs[f"{prefix}size"],
-            kwargs[f"{prefix}stride"],
-            kwargs[f"{prefix}storage_offset"],
-        )
-    return False  # a slice of its base, a list of tensors, or view metadata unknown here
+        size, stride = kwargs[f"{prefix}size"], kwargs[f"{prefix}stride"]
+        offset = kwargs[f"{prefix}storage_offset"]
+        if _covers(base, size, stride, offset):
+            return _WHOLE
+        return (torch.ops.aten.as_strided.default, (base, list(size), list(stride), offset))
+    if keys == {"slice_dim", "slice_start", "slice_end"}:
+        dim, start, end = (kwargs[f"{prefix}slice_{k}"] for k in ("dim", "start", "end"))
+        return (torch.ops.aten.slice.Tensor, (base, dim, start, end))
+    return None
 
 
 def functionalized_call(node: torch.fx.Node) -> FunctionalizedCall | None:
     """The direct call behind an ``auto_functionalized_v2`` node whose written arguments are each
-    all of a base (the base itself, an alias, or a view covering it; no slice, no list); None for
-    anything else."""
+    all of a base (the base itself, an alias, or a view covering it) or a slice or strided view
+    of one (several such views may share a base: rotary embedding writes the query and the key
+    of one projection); None for anything else (a list of tensors)."""
     if node.op != "call_function" or not node.args:
         return None
     try:
@@ -100,22 +116,34 @@ def functionalized_call(node: torch.fx.Node) -> FunctionalizedCall | None:
     if not isinstance(bases, list | tuple) or not all(isinstance(b, torch.fx.Node) for b in bases):
         return None
     call: dict[str, Any] = {}
-    used: set[int] = set()
+    views: dict[str, tuple[Any, tuple[Any, ...]]] = {}
+    uses: dict[int, list[bool]] = {}  # per base: for each argument writing it, a whole write?
+    written = [f"_{a.name}_" for a in op._schema.arguments if f"_{a.name}_base_index" in kwargs]
     for arg in op._schema.arguments:
         prefix = f"_{arg.name}_"
         if f"{prefix}base_index" in kwargs:  # the encoding names each argument the op writes
             index = kwargs.get(f"{prefix}base_index")
-            if not isinstance(index, int) or index in used or not 0 <= index < len(bases):
+            if index is None:  # an optional argument it would write, not given
+                call[arg.name] = None
+                continue
+            if not isinstance(index, int) or not 0 <= index < len(bases):
                 return None
-            if not _whole_base(kwargs, prefix, bases[index]):
+            others = tuple(w for w in written if w != prefix and w.startswith(prefix))
+            view = _view_of(kwargs, prefix, bases[index], others)
+            if view is None:
                 return None
-            used.add(index)
+            uses.setdefault(index, []).append(view is _WHOLE)
             call[arg.name] = bases[index]
+            if view is not _WHOLE:
+                views[arg.name] = (view[0], view[1])
         elif arg.name in kwargs:
             call[arg.name] = kwargs[arg.name]
-    if len(used) != len(bases):
+    if len(uses) != len(bases):
         return None
-    return FunctionalizedCall(op, call, tuple(bases), max(1, len(op._schema.returns)))
+    if any(len(whole) > 1 and any(whole) for whole in uses.values()):
+        return None  # one base written whole and through another argument too
+    returns = max(1, len(op._schema.returns))
+    return FunctionalizedCall(op, call, tuple(bases), returns, views)
 
 
 @_feature(

@@ -21,8 +21,11 @@ it (or a view of it) afterwards, it is not an output, and its layout is the resu
 An input mutation's write-back (``copy_`` into a graph input) is folded into the op that computes
 the new value when that op has an in-place form and reads the input as its first argument; a
 custom op called through ``auto_functionalized_v2`` is called directly when every tensor it
-writes is a whole graph input written back after it. When the value comes from an op on a
-temporary instead (``add(mul, 1)``), that op is made in place as above and the copy stays.
+writes is a whole graph input written back after it, or a temporary (all of it, or a slice or
+strided view of it, made before the call: vLLM's ``out=`` ops, its rotary embedding writing the
+query and key slices of one projection) that nothing reads afterwards. When the value comes from
+an op on a temporary instead (``add(mul, 1)``), that op is made in place as above and the copy
+stays.
 
 Either way, only where every other reader of the written memory runs on the writer's stream: a
 write on one stream to memory another stream reads would make the planner add an event between
@@ -314,10 +317,14 @@ def _fold_into_call(gm: torch.fx.GraphModule, node: torch.fx.Node, facts: _Facts
             return False
         elif not facts.confined(base, node):
             return False
+    kwargs = dict(call.kwargs)
     with gm.graph.inserting_before(node):
-        direct = gm.graph.create_node(
-            "call_function", call.op, (), dict(call.kwargs), name=_name(call.op)
-        )
+        for name, (view_op, view_args) in call.views.items():  # the view the op writes
+            view = gm.graph.call_function(view_op, view_args)
+            view.meta.update({k: v for k, v in node.meta.items() if k != "val"})
+            facts.labels[view.name] = facts.stream(node)
+            kwargs[name] = view
+        direct = gm.graph.create_node("call_function", call.op, (), kwargs, name=_name(call.op))
     direct.meta.update({k: v for k, v in node.meta.items() if k != "val"})
     facts.labels[direct.name] = facts.stream(node)
     for index, result in results.items():
