@@ -1,10 +1,12 @@
 """What .ci/run needs from the repository, read without importing anything it installs.
 
     python .ci/quickstart.py commands   the README's quick-start lines, one per line
+    python .ci/quickstart.py vllm       the README's "Serving with vLLM" lines, one per line
     python .ci/quickstart.py versions   the torch versions CI tests (TESTED_TORCH), floor first
 
-The quick start is the fenced block right after the ``<!-- ci:quick-start -->`` marker in
-README.md; CI runs its lines word for word, so the README cannot drift from what CI proves.
+Each is the fenced block right after its marker in README.md (``<!-- ci:quick-start -->``,
+``<!-- ci:vllm -->``); CI runs its lines word for word, so the README cannot drift from what CI
+proves.
 """
 
 from __future__ import annotations
@@ -15,17 +17,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "<!-- ci:quick-start"
+VLLM_MARKER = "<!-- ci:vllm"
 
 
-def quick_start() -> list[str]:
-    """The command lines of the README's quick-start block (blank lines dropped)."""
+def quick_start(marker: str = MARKER) -> list[str]:
+    """The command lines of the README's block after ``marker`` (blank lines dropped)."""
     lines = (ROOT / "README.md").read_text().splitlines()
-    starts = [i for i, line in enumerate(lines) if line.startswith(MARKER)]
+    starts = [i for i, line in enumerate(lines) if line.startswith(marker)]
     if len(starts) != 1:
-        raise SystemExit(f"README.md must have exactly one {MARKER} -->, found {len(starts)}")
+        raise SystemExit(f"README.md must have exactly one {marker} -->, found {len(starts)}")
     fence = starts[0] + 1
     if not lines[fence].startswith("```"):
-        raise SystemExit(f"README.md:{fence + 1}: a ``` block must follow {MARKER} -->")
+        raise SystemExit(f"README.md:{fence + 1}: a ``` block must follow {marker} -->")
     block = []
     for line in lines[fence + 1 :]:
         if line.startswith("```"):
@@ -49,6 +52,8 @@ if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else ""
     if what == "commands":
         print("\n".join(quick_start()))
+    elif what == "vllm":
+        print("\n".join(quick_start(VLLM_MARKER)))
     elif what == "versions":
         print("\n".join(sorted(tested_versions(), key=lambda v: tuple(map(int, v.split("."))))))
     else:

@@ -120,3 +120,78 @@ def test_torchs_ops_and_vllms_cpu_kernels_are_known_without_a_warning(
 def test_a_bad_declaration_says_what_is_expected(target: str, state: str | None, says: str) -> None:
     with pytest.raises(ValueError, match="declare_shared_state: " + says):
         airstream.declare_shared_state(target, state)
+
+
+@torch.library.custom_op("airstream_scratch::attend", mutates_args=("out",))
+def attend(out: torch.Tensor, q: torch.Tensor) -> None:
+    """An attention stand-in that, like vLLM's CPU attention, insists on the caller's threads."""
+    if torch.get_num_threads() != _state.get("caller_threads", torch.get_num_threads()):
+        raise RuntimeError(f"Check failed: thread_num == {torch.get_num_threads()}")
+    out.copy_(q.softmax(-1))
+
+
+@attend.register_fake
+def _(out: torch.Tensor, q: torch.Tensor) -> None:
+    return None
+
+
+class _AttentionBeside(_TwoBranches):
+    """A side-stream branch and, on main, attention that does not read it: only the rule orders
+    the two."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with airstream.stream("shared_expert"):
+            shared = (x.sin() @ self.w1).relu()
+        out = torch.empty_like(x)
+        torch.ops.airstream_scratch.attend(out, x.cos())
+        return shared + out @ self.w2
+
+
+@pytest.fixture
+def attention_needs_caller_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airstream import foreign_ops
+
+    wanted = foreign_ops._CALLER_THREADS | {"airstream_scratch::attend"}
+    monkeypatch.setattr(foreign_ops, "_CALLER_THREADS", wanted)
+
+
+@pytest.mark.usefixtures("attention_needs_caller_threads")
+def test_an_op_needing_the_callers_threads_runs_alone_on_main_with_them() -> None:
+    from airstream.runtime.cpu import CpuExecutor
+
+    model = _AttentionBeside()
+    x = torch.randn(16, 64)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    _state["caller_threads"] = 2
+    try:
+        with torch.no_grad():
+            want = model(x)
+            compiled, backend = compile_model(model, fullgraph=True)
+            for _ in range(3):
+                assert_same(compiled(x), want)
+    finally:
+        _state.pop("caller_threads")
+        torch.set_num_threads(before)
+    graph = graph_of(backend, "inference")
+    (attention,) = [n for n in graph.graph_module.graph.nodes if "attend" in str(n.args[:1])]
+    assert graph.streams.stream_of[attention.name] is None
+    alone = [s for s in graph.plan.syncs if s.reason == "alone"]
+    assert alone, [s.reason for s in graph.plan.syncs]
+    executor = graph.executor
+    assert isinstance(executor, CpuExecutor) and executor.thread_plan.get(attention) is True
+
+
+@pytest.mark.usefixtures("attention_needs_caller_threads")
+def test_an_op_needing_the_callers_threads_on_a_side_stream_is_an_error() -> None:
+    class _OnSide(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = torch.empty_like(x)
+            with airstream.stream("side"):
+                torch.ops.airstream_scratch.attend(out, x.sin())
+            return out + x
+
+    compiled, _ = compile_model(_OnSide(), fullgraph=True)
+    with pytest.raises(Exception, match=r"must run on the main stream.*caller's intra-op threads"):
+        with torch.no_grad():
+            compiled(torch.randn(4, 8))

@@ -7,8 +7,8 @@ a process of its own (``airstream.bench.vllm.Engine``): vLLM keeps process-wide 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,17 +35,23 @@ def answers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     folder = tmp_path_factory.mktemp("vllm")
     model = save_tiny_moe(folder / "model", hidden=128, layers=2)
     out: dict[str, Any] = {}
-    for name, compilation in ENGINES.items():
-        log = folder / f"{name}.log"
-        engine = Engine(model, compilation, STEPS, warm=1, log=log)
-        try:
-            tokens = [
-                engine.ask({"batch": b, "length": n, "steps": STEPS, "seed": 7})["tokens"]
-                for b, n in SHAPES
-            ]
-        finally:
-            engine.stop()
-        out[name] = {"tokens": tokens, "ready": engine.ready, "log": Path(log).read_text()}
+    # the mode users get (max-autotune on CPU), not the one tests/conftest.py pins for speed
+    pinned = os.environ.pop("AIRSTREAM_MODE", None)
+    try:
+        for name, compilation in ENGINES.items():
+            log = folder / f"{name}.log"
+            engine = Engine(model, compilation, STEPS, warm=1, log=log)
+            try:
+                tokens = [
+                    engine.ask({"batch": b, "length": n, "steps": STEPS, "seed": 7})["tokens"]
+                    for b, n in SHAPES
+                ]
+            finally:
+                engine.stop()
+            out[name] = {"tokens": tokens, "ready": engine.ready, "log": log.read_text()}
+    finally:
+        if pinned is not None:
+            os.environ["AIRSTREAM_MODE"] = pinned
     yield out
 
 
@@ -71,7 +77,8 @@ def test_the_shared_expert_runs_on_its_stream_and_vllms_kernels_never_overlap(
     side = graph["side_streams"]["shared_expert"]
     # per layer: gate_up, down and the expert gate, each a oneDNN matmul into an out= buffer
     assert side["_C.onednn_mm.default"] == 3 * 2, side
-    assert "aten.silu.default" in side and "aten.sigmoid.default" in side, side
+    assert "aten.silu.default" in side, side
+    assert {"aten.sigmoid.default", "aten.sigmoid_.default"} & set(side), side
     assert not any("fused_moe" in op or "attention" in op for op in side), side
 
 

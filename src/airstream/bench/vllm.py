@@ -179,15 +179,29 @@ def _placements(compilation: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _decided(compilation: dict[str, Any]) -> bool:
+    """Has every graph of an airstream runner decided in every size range called so far?"""
+    backend = str(compilation.get("backend", ""))
+    if not backend.startswith("airstream.compat.vllm."):
+        return True
+    from airstream.compat import vllm as integration
+
+    compiled = getattr(integration, backend.rsplit(".", 1)[1])
+    return all(g.measurements is None or g.measurements.decided for g in compiled.graphs)
+
+
 def _engine(model: str, compilation: str, steps: int, warm: int) -> None:
     """An engine process: build, warm up, then answer the parent's commands (one JSON per line)."""
     config = json.loads(compilation)
     llm = make_engine(Path(model), config)
-    for batch in BATCHES:
+    shapes = [(b, _PROMPT, 1 + steps) for b in BATCHES] + [(*PREFILL, 2)]
+    for batch, length, new in shapes:
         for seed in range(warm):  # the compile, then auto_streams' measured calls in each range
-            generate(llm, batch, _PROMPT, 1 + steps, seed)
-    for seed in range(warm):
-        generate(llm, PREFILL[0], PREFILL[1], 1, seed)
+            generate(llm, batch, length, new, seed)
+        for seed in range(warm, warm + 20):  # until every size range called has decided
+            if _decided(config):
+                break
+            generate(llm, batch, length, new, seed)
     print(_TAG + json.dumps({"ready": True, "placements": _placements(config)}), flush=True)
     for line in sys.stdin:
         command = json.loads(line)

@@ -320,7 +320,7 @@ BENCHES: Mapping[str, Bench] = {
         "a tiny Qwen2-MoE served by vLLM's CPU build: Inductor, one stream, streams (--tokens:"
         " decode steps per measure)",
         _vllm,
-        {"rounds": 5, "tokens": 8, "hidden": 256, "layers": 2},
+        {"rounds": 5, "hidden": 256, "layers": 2},
     ),
     "restart": Bench(
         "a new process's first call, cold and warm caches: torch.compile, cache_compile",
