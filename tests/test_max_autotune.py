@@ -413,3 +413,67 @@ def test_a_computed_int_input_compiles_with_the_graph_cache_warm() -> None:
         y, z = torch.randn(2, 3), torch.randn(3, 2)
         assert_same(compiled(6, y, z), Pack()(6, y, z))
         assert graph_of(backend, "inference").segments
+
+
+@torch.library.custom_op("airstream_fused::scale_into", mutates_args=("out",))
+def _scale_into(out: torch.Tensor, x: torch.Tensor, factor: float) -> None:
+    """An ``out=`` op as vLLM writes them: the result goes into a buffer the caller made."""
+    torch.mul(x, factor, out=out)
+
+
+@_scale_into.register_fake
+def _(out: torch.Tensor, x: torch.Tensor, factor: float) -> None:
+    return None
+
+
+@torch.library.custom_op("airstream_fused::gelu_of", mutates_args=())
+def _gelu_of(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.gelu(x)
+
+
+@_gelu_of.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+class _CustomOps(torch.nn.Module):
+    """Pointwise work around an ``out=`` custom op writing a fresh buffer and a slice of one,
+    and a custom op writing nothing."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        torch.ops.airstream_fused.scale_into(out, x.sin(), 2.0)
+        both = torch.empty(x.shape[0], 2 * x.shape[1])
+        torch.ops.airstream_fused.scale_into(both[:, : x.shape[1]], out.cos(), 3.0)
+        return torch.ops.airstream_fused.gelu_of(out + 1) + both[:, : x.shape[1]]
+
+
+@pytest.mark.parametrize("reinplace", [False, True])
+def test_custom_ops_and_their_out_writes_are_fused_into_one_segment(reinplace: bool) -> None:
+    """vLLM's graphs: in max-autotune one Inductor compile holds its ops between the streams'
+    syncs, as Inductor's own whole-graph compile would (airstream's reinplace leaves the
+    ``auto_functionalized_v2`` calls to Inductor there)."""
+    config = _config(experimental_config__reinplace_input_mutations=reinplace)
+    compiled, backend = compile_model(_CustomOps(), config)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        assert_same(compiled(x), _CustomOps()(x), rtol=1e-6, atol=1e-6)
+    graph = graph_of(backend, "inference")
+    (segment,) = graph.segments
+    assert segment.node is not None and not segment.fallback
+    members = {str(n.target) for n in segment.segment.members}
+    assert "airstream_fused.gelu_of.default" in members
+    calls = [n for n in segment.segment.members if "auto_functionalized" in str(n.target)]
+    assert len(calls) == 2
+
+
+def test_fusible_takes_other_libraries_ops_that_write_nothing_and_functionalized_calls() -> None:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["val"] = torch.empty(2)
+    gelu = graph.call_function(torch.ops.airstream_fused.gelu_of.default, (x,))
+    gelu.meta["val"] = torch.empty(2)
+    record = graph.call_function(torch.ops.air.record.default, ())
+    record.meta["val"] = torch.empty(2)
+    assert fusible(gelu, frozenset())
+    assert not fusible(record, frozenset()), "airstream's own ops are steps of their own"

@@ -100,8 +100,9 @@ class Effects:
         allocates: its result is fresh uninitialized memory (``empty``, ...): never merged.
         impure: torch's own rules say it has an effect beyond its result (an assertion, a
             registered effectful op, a higher-order op wrapping one): kept where it is.
-        shared_state: the process-global state it shares with other ops (another library's
-            scratch buffer, :mod:`airstream.foreign_ops`): ops sharing one never run at once.
+        shared_state: the process-global states it shares with other ops (another library's
+            scratch buffer, :mod:`airstream.foreign_ops`; a fused segment's members' states):
+            ops sharing one never run at once.
         caller_threads: it must run with the caller's intra-op threads (vLLM's CPU attention):
             on the main stream, while no other stream works.
     """
@@ -116,7 +117,7 @@ class Effects:
     host_sync: bool = False
     allocates: bool = False
     impure: bool = False
-    shared_state: str | None = None
+    shared_state: tuple[str, ...] = ()
     caller_threads: bool = False
 
     @property
@@ -248,7 +249,7 @@ def effects(node: torch.fx.Node) -> Effects:
     if is_higher_order(target):  # its effects depend on what it wraps
         impure = torch_side_effects(target, node.args, node.kwargs)
         wrapped = [a for a in node.args if isinstance(a, OpOverload)]  # auto_functionalized's op
-        state = next(filter(None, map(_shared_state, wrapped)), None)
+        state = tuple(dict.fromkeys(s for s in map(_shared_state, wrapped) if s is not None))
         threads = any(map(_caller_threads, wrapped))
         if not (impure or state or threads):
             return _PURE
@@ -273,7 +274,7 @@ def effects(node: torch.fx.Node) -> Effects:
         host_sync=rule.host_sync,
         allocates=rule.allocates,
         impure=rule.impure,
-        shared_state=_shared_state(target),
+        shared_state=tuple(filter(None, [_shared_state(target)])),
         caller_threads=_caller_threads(target),
     )
 
@@ -348,12 +349,12 @@ def summarize(members: Iterable[torch.fx.Node], outputs: Iterable[torch.fx.Node]
     writes: dict[torch.fx.Node, None] = {}
     roots: dict[torch.fx.Node, tuple[torch.fx.Node, ...]] = {}
     host_sync = False
-    state: str | None = None
+    states: dict[str, None] = {}
     threads = False
     for node in inside:
         found = effects(node)
         host_sync = host_sync or found.host_sync
-        state = state or found.shared_state
+        states.update(dict.fromkeys(found.shared_state))
         threads = threads or found.caller_threads
         writes.update((w, None) for w in found.writes if w not in member_set)
         reached: dict[torch.fx.Node, None] = {}
@@ -370,7 +371,7 @@ def summarize(members: Iterable[torch.fx.Node], outputs: Iterable[torch.fx.Node]
         writes=tuple(writes),
         aliases=tuple(aliases),
         host_sync=host_sync,
-        shared_state=state,
+        shared_state=tuple(states),
         caller_threads=threads,
     )
 

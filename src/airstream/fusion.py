@@ -9,7 +9,7 @@ import torch
 import torch.fx
 
 from airstream.effects import effects
-from airstream.torch_internals import OpOverload
+from airstream.torch_internals import OpOverload, is_auto_functionalized
 
 __all__ = ["MATMULS", "fusible", "is_matmul"]
 
@@ -39,9 +39,12 @@ def is_matmul(node: torch.fx.Node) -> bool:
 def fusible(node: torch.fx.Node, inside: set[torch.fx.Node] | frozenset[torch.fx.Node]) -> bool:
     """May ``node`` join a max-autotune segment whose nodes so far are ``inside``?
 
-    aten/prims operators with tensor results; no random ops (they keep eager's generator order);
-    no collectives; no mutation except ``copy_`` into a graph input (an input mutation's
-    write-back); ``getitem`` only of a node already in the segment.
+    Operators with tensor results: aten's and prims', and other libraries' custom ops that write
+    none of their inputs (Inductor calls them as fallback kernels), or that write them through
+    ``auto_functionalized_v2`` (Inductor calls them in place where it can, as it does for a
+    whole graph: vLLM's ``out=`` ops); no airstream op; no random ops (they keep eager's
+    generator order); no collectives; no other mutation except ``copy_`` into a graph input (an
+    input mutation's write-back); ``getitem`` only of a node already in the segment.
     """
     if node.op != "call_function":
         return False
@@ -49,13 +52,18 @@ def fusible(node: torch.fx.Node, inside: set[torch.fx.Node] | frozenset[torch.fx
     if target is operator.getitem:
         source = node.args[0]
         return isinstance(source, torch.fx.Node) and source in inside
-    if not isinstance(target, OpOverload) or target.namespace not in _FUSIBLE_NAMESPACES:
+    if is_auto_functionalized(target):  # its results: the op's (None if it returns nothing),
+        val = node.meta.get("val")  # then each written base's new value
+        return isinstance(val, list | tuple) and _is_tensor_value([v for v in val if v is not None])
+    if not isinstance(target, OpOverload):
         return False
     if not _is_tensor_value(node.meta.get("val")):
         return False
     found = effects(node)
-    if found.random or found.collective or found.collective_wait:
+    if found.air or found.random or found.collective or found.collective_wait:
         return False
+    if target.namespace not in _FUSIBLE_NAMESPACES:
+        return not found.mutates
     if found.mutates:
         dest = node.args[0] if node.args else None
         return (

@@ -10,8 +10,8 @@ registered with Dynamo or the qualified name of a backend object; vLLM passes no
         "mode": 2, "backend": "airstream.compat.vllm.shared_expert"})
 
 Objects here, each built once at import from a :class:`~airstream.CompilerConfig` with
-``reinplace_input_mutations`` and ``reinplace_inplaceable_ops`` on (vLLM's ``out=`` ops called
-directly, as Inductor does):
+``reinplace_input_mutations`` on (in reduce-overhead, vLLM's ``out=`` ops called directly, as
+Inductor calls them in max-autotune's segments):
 
 - ``one_stream``: no pass;
 - ``shared_expert``: :func:`~airstream.passes.shared_expert_overlap` on the modules vLLM's MoE
@@ -48,10 +48,11 @@ def config_for(placement: str) -> CompilerConfig:
     """The config behind each object here: ``"one_stream"``, ``"shared_expert"``,
     ``"auto_streams"``."""
     config = CompilerConfig()
-    # vLLM's ops write out= buffers and slices of them (rotary embedding, attention's output):
-    # called directly, not through auto_functionalized_v2's copies (0.3 ms a call, measured)
+    # vLLM's ops write out= buffers and slices of them (rotary embedding, attention's output).
+    # In max-autotune (the CPU default) Inductor calls them in place inside airstream's
+    # segments; in reduce-overhead airstream calls them directly, not through
+    # auto_functionalized_v2's copies (about 0.3 ms a call here)
     config.experimental_config.reinplace_input_mutations = True
-    config.experimental_config.reinplace_inplaceable_ops = True
     if placement == "shared_expert":
         config.post_grad_custom_post_pass = shared_expert_overlap(SHARED_EXPERT_MODULES)
     elif placement == "auto_streams":

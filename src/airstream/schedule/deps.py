@@ -120,10 +120,10 @@ class _Order:
             if self.last_collective is not None:
                 reqs.append(Requirement(self.last_collective, "collective"))
             self.last_collective = node
-        if found.shared_state is not None:
-            if (last := self.last_sharing.get(found.shared_state)) is not None:
+        for state in found.shared_state:
+            if (last := self.last_sharing.get(state)) is not None:
                 reqs.append(Requirement(last, "shared state"))
-            self.last_sharing[found.shared_state] = node
+            self.last_sharing[state] = node
         return reqs
 
     def alone(self, node: torch.fx.Node, found: Effects) -> list[Requirement]:

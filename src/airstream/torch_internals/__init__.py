@@ -90,6 +90,7 @@ from airstream.torch_internals.cuda import (
 from airstream.torch_internals.functionalize import (
     FunctionalizedCall,
     functionalized_call,
+    is_auto_functionalized,
     outputs_rebuilt_from_inputs,
 )
 from airstream.torch_internals.graph_cache import (
@@ -274,6 +275,7 @@ __all__ = [
     "eval_frame_callback_getter",
     "generated_node_index",
     "functionalized_call",
+    "is_auto_functionalized",
     "fake_store",
     "FakeTensor",
     "FakeTensorMode",

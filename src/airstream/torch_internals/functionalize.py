@@ -15,7 +15,12 @@ from airstream.errors import TorchSupportError
 from airstream.torch_internals.core import OpOverload
 from airstream.torch_internals.registry import _attr, _feature, _get, _module_reads
 
-__all__ = ["FunctionalizedCall", "functionalized_call", "outputs_rebuilt_from_inputs"]
+__all__ = [
+    "FunctionalizedCall",
+    "functionalized_call",
+    "is_auto_functionalized",
+    "outputs_rebuilt_from_inputs",
+]
 
 
 # --- reinplace: custom ops that write their inputs ---------------------------------------------
@@ -68,6 +73,15 @@ def _covers(base: torch.fx.Node, size: Any, stride: Any, offset: Any) -> bool:
         (val.storage_offset(), offset),
     ]
     return all(statically_known_true(a == b) for a, b in pairs)  # no guard on a symbolic size
+
+
+def is_auto_functionalized(target: Any) -> bool:
+    """Is ``target`` ``auto_functionalized_v2`` (a custom op that writes its inputs, as
+    AOTAutograd leaves it for Inductor to call in place)? False on a torch without it."""
+    try:
+        return target is _get("auto_functionalized")
+    except TorchSupportError:
+        return False
 
 
 _WHOLE = ("whole",)  # _view_of: the argument is all of its base

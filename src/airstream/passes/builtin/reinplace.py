@@ -20,7 +20,8 @@ it (or a view of it) afterwards, it is not an output, and its layout is the resu
 
 An input mutation's write-back (``copy_`` into a graph input) is folded into the op that computes
 the new value when that op has an in-place form and reads the input as its first argument; a
-custom op called through ``auto_functionalized_v2`` is called directly when every tensor it
+custom op called through ``auto_functionalized_v2`` is called directly (in reduce-overhead: in
+max-autotune, Inductor calls it in place inside a segment) when every tensor it
 writes is a whole graph input written back after it, or a temporary (all of it, or a slice or
 strided view of it, made before the call: vLLM's ``out=`` ops, its rotary embedding writing the
 query and key slices of one projection) that nothing reads afterwards. When the value comes from
@@ -46,8 +47,11 @@ import torch.fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from airstream import torch_internals
+from airstream.config import CompilerConfig
+from airstream.devices import graph_device
 from airstream.effects import alias_classes, effects, inplace_variant
 from airstream.errors import StreamError
+from airstream.mode import resolve_mode
 from airstream.streams import assign_streams
 from airstream.torch_internals import outputs_rebuilt_from_inputs
 
@@ -359,7 +363,12 @@ def reinplace_input_mutations(
     facts = _facts(gm)
     if facts is None:
         return
-    for node in list(gm.graph.nodes):  # custom ops, in graph order (chains fold one by one)
+    # max-autotune's segments hold auto_functionalized_v2 calls, and Inductor calls them in
+    # place there: a direct call here, which writes, would end a segment at each custom op
+    calls = isinstance(config, CompilerConfig) and (
+        resolve_mode(config, graph_device(gm).type) != "max-autotune"
+    )
+    for node in list(gm.graph.nodes) if calls else []:  # custom ops, in order (chains fold)
         if torch_internals.functionalized_call(node) and _fold_into_call(gm, node, facts):
             facts.refresh(gm)  # a call's results regrouped: rare enough to redo the classes
     for copy in list(gm.graph.nodes):  # then each remaining write-back
