@@ -21,7 +21,8 @@ off (every round would hit it otherwise). Greedy tokens of every runner are comp
 
 Conditions: vLLM's CPU defaults (its OpenMP threads unbound on 2 cores,
 ``VLLM_CPU_OMP_THREADS_BIND=nobind``; ``GOMP_SPINCOUNT=10000`` in every engine so an idle engine
-waiting on its pipe does not spin on a core the running one needs); warm caches.
+waiting on its pipe does not spin on a core the running one needs); ``auto_streams`` measures
+anew in every run (``AIRSTREAM_DECISIONS=off``); Inductor's caches warm after the first run.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ def engine_env() -> dict[str, str]:
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env.setdefault("VLLM_USE_AOT_COMPILE", "0")  # vLLM loads only its own backend's artifacts
     env.setdefault("GOMP_SPINCOUNT", "10000")
+    env.setdefault("AIRSTREAM_DECISIONS", "off")  # auto_streams measures in every run
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env
 
