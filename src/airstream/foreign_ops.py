@@ -6,12 +6,12 @@ is safe there only if it keeps no state between calls that another op also uses.
 (``aten``, ``prims``, the functional collectives) and airstream's keep none. Other libraries'
 ops may:
 
-- **vLLM's CPU kernels** (namespaces ``_C`` and ``vllm``: ``onednn_mm``, ``cpu_fused_moe``,
-  attention) write into one scratch buffer per process. It is a function-local static,
-  ``cpu_utils::ScratchPadManager::get_scratchpad_manager()::manager``, reallocated when a call
-  needs more. Two of these kernels at once read each other's partial results or crash
-  (``malloc(): unsorted double linked list corrupted``, seen with the shared expert on a side
-  stream). ``objdump -d -C vllm/_C.abi3.so`` shows the static's guard variable.
+- **vLLM's CPU kernels** (namespaces ``_C``, in a process that loaded vLLM, and ``vllm``:
+  ``onednn_mm``, ``cpu_fused_moe``, attention) write into one scratch buffer per process. It is
+  a function-local static, ``cpu_utils::ScratchPadManager::get_scratchpad_manager()::manager``,
+  reallocated when a call needs more. Two of these kernels at once read each other's partial
+  results or crash (``malloc(): unsorted double linked list corrupted``, seen with the shared
+  expert on a side stream). ``objdump -d -C vllm/_C.abi3.so`` shows the static's guard variable.
 - **An op airstream does not know** (any other namespace) is treated the same way, with its
   namespace as its state, and named once per process in a warning: ops of one unknown library
   never overlap each other across streams, while each still overlaps torch's ops.
@@ -21,6 +21,11 @@ says the library's ops are safe to run at once; ``declare_shared_state("mylib::f
 "mylib scratch")`` names the state ops share. The planner orders ops that share a state by graph
 order (``schedule/deps.py``, reason ``"shared state"``), like writes to one buffer. Declarations
 are read when a graph compiles.
+
+**Work.** Cost models and structural patterns know matrix multiplies by torch's ops and flop
+counter; vLLM's CPU build does its linears with ``_C.onednn_mm(c, a, bias, handler)`` (the weight
+is behind the handler, invisible to the graph) and its routed experts with one
+``_C.cpu_fused_moe``. :func:`matmul_input` and :func:`foreign_flops` say what they compute.
 
 **The caller's threads.** vLLM's CPU attention (``vllm::unified_attention_with_output``) checks
 that it runs on as many OpenMP threads as its metadata was built for, outside the graph, on the
@@ -33,9 +38,18 @@ the runtime gives the main stream every thread the caller has (``schedule/overla
 from __future__ import annotations
 
 import logging
+import sys
 import threading
+from collections.abc import Mapping
+from typing import Any
 
-__all__ = ["declare_shared_state", "needs_caller_threads", "shared_state"]
+__all__ = [
+    "declare_shared_state",
+    "foreign_flops",
+    "matmul_input",
+    "needs_caller_threads",
+    "shared_state",
+]
 
 log = logging.getLogger("airstream")
 
@@ -93,8 +107,8 @@ def shared_state(namespace: str, name: str) -> str | None:
                 return _declared[key]
     if namespace in _SAFE:
         return None
-    if namespace in _KNOWN:
-        return _KNOWN[namespace]
+    if namespace in _KNOWN and (namespace != "_C" or "vllm" in sys.modules):
+        return _KNOWN[namespace]  # ``_C`` is vLLM's only in a process that loaded vLLM
     _name_once(qualified, namespace)
     return f"{namespace} (not known to be safe beside itself)"
 
@@ -119,3 +133,31 @@ def _name_once(qualified: str, namespace: str) -> None:
 def needs_caller_threads(namespace: str, name: str) -> bool:
     """Must op ``namespace::name`` run with every intra-op thread of the calling thread?"""
     return f"{namespace}::{name}" in _CALLER_THREADS
+
+
+# Matrix multiplies of other libraries: op -> (its input's argument, its output's argument)
+_MATMULS = {"_C::onednn_mm": ("a", "c"), "_C::onednn_scaled_mm": ("a", "c")}
+
+
+def matmul_input(namespace: str, name: str) -> str | None:
+    """The argument holding a matrix multiply's input rows (``a`` of ``onednn_mm``), or None
+    when ``namespace::name`` is no matrix multiply airstream knows of another library."""
+    found = _MATMULS.get(f"{namespace}::{name}")
+    return None if found is None else found[0]
+
+
+def foreign_flops(namespace: str, name: str, values: Mapping[str, Any]) -> int | None:
+    """Floating-point operations of a known op of another library, from its arguments' values
+    (tensors or their metadata, by argument name), or None where airstream has no formula."""
+    qualified = f"{namespace}::{name}"
+    try:
+        if qualified in _MATMULS:
+            rows, out = values[_MATMULS[qualified][0]], values[_MATMULS[qualified][1]]
+            return 2 * rows.numel() * out.shape[-1]
+        if qualified == "_C::cpu_fused_moe":  # each token through top-k experts' two matmuls
+            tokens, k = values["topk_id"].shape
+            w13, w2 = values["w13"].shape, values["w2"].shape
+            return 2 * tokens * k * (w13[1] * w13[2] + w2[1] * w2[2])
+    except (KeyError, AttributeError, IndexError, TypeError, ValueError):
+        return None
+    return None

@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 import operator
+from typing import Any
 
 import torch
 import torch.fx
 
 from airstream.effects import effects
-from airstream.torch_internals import OpOverload, is_auto_functionalized
+from airstream.foreign_ops import matmul_input
+from airstream.torch_internals import OpOverload, is_auto_functionalized, op_name, op_schema
 
-__all__ = ["MATMULS", "fusible", "is_matmul"]
+__all__ = ["MATMULS", "called_op", "fusible", "is_matmul", "matmul_rows", "multiplies_matrices"]
 
 _aten = torch.ops.aten
 _FUSIBLE_NAMESPACES = frozenset({"aten", "prims"})
@@ -34,6 +36,53 @@ MATMULS = frozenset(
 def is_matmul(node: torch.fx.Node) -> bool:
     """Whether ``node`` is a matrix multiply (:data:`MATMULS`)."""
     return node.op == "call_function" and node.target in MATMULS
+
+
+def called_op(node: torch.fx.Node) -> tuple[OpOverload, dict[str, Any]] | None:
+    """The op overload ``node`` calls and its arguments by name: a direct call's, or the op an
+    ``auto_functionalized_v2`` call wraps, each argument it writes given as its base."""
+    if node.op != "call_function":
+        return None
+    target = node.target
+    if is_auto_functionalized(target) and node.args and isinstance(node.args[0], OpOverload):
+        op, kwargs = node.args[0], dict(node.kwargs)
+        given = kwargs.get("_all_bases")
+        bases = list(given) if isinstance(given, list | tuple) else []
+        named = {k: v for k, v in kwargs.items() if not k.startswith("_")}
+        for key, index in kwargs.items():
+            if key.endswith("_base_index") and isinstance(index, int) and index < len(bases):
+                named[key[1 : -len("_base_index")]] = bases[index]
+        return op, named
+    schema = op_schema(target)
+    if schema is None:
+        return None
+    named = {a.name: v for a, v in zip(schema.arguments, node.args, strict=False)}
+    named.update(node.kwargs)
+    return target, named  # type: ignore[return-value]
+
+
+def multiplies_matrices(node: torch.fx.Node) -> bool:
+    """A matrix multiply of torch's (:data:`MATMULS`) or of another library
+    (:func:`airstream.foreign_ops.matmul_input`: vLLM's ``onednn_mm``), called directly or
+    through ``auto_functionalized_v2``."""
+    if is_matmul(node):
+        return True
+    called = called_op(node)
+    return called is not None and matmul_input(*op_name(called[0])[:2]) is not None
+
+
+def matmul_rows(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The node holding a matrix multiply's input rows (``mm``'s first argument, ``addmm``'s
+    second, ``onednn_mm``'s ``a``)."""
+    if node.target in (_aten.addmm.default, _aten.baddbmm.default):
+        source = node.args[1]
+    elif is_matmul(node):
+        source = node.args[0]
+    else:
+        called = called_op(node)
+        name = None if called is None else matmul_input(*op_name(called[0])[:2])
+        source = None if called is None or name is None else called[1].get(name)
+    return source if isinstance(source, torch.fx.Node) else None
 
 
 def fusible(node: torch.fx.Node, inside: set[torch.fx.Node] | frozenset[torch.fx.Node]) -> bool:

@@ -53,7 +53,7 @@ _PROMPT = 16
 _TAG = "AIRSTREAM-BENCH "
 _INSTALL = (
     "airstream bench vllm needs vLLM's CPU build in this venv: "
-    'pip install -e ".[vllm]" --extra-index-url https://download.pytorch.org/whl/cpu '
+    'pip install -e ".[vllm]" torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu '
     "(README: Serving with vLLM)"
 )
 
@@ -200,7 +200,9 @@ def _engine(model: str, compilation: str, steps: int, warm: int) -> None:
     for batch, length, new in shapes:
         for seed in range(warm):  # the compile, then auto_streams' measured calls in each range
             generate(llm, batch, length, new, seed)
-        for seed in range(warm, warm + 20):  # until every size range called has decided
+        # until every size range called has decided: a decode command's prefill of B x 16
+        # tokens hits its range once a call, and a decision takes 8 timed calls of each of two
+        for seed in range(warm, warm + 48):
             if _decided(config):
                 break
             generate(llm, batch, length, new, seed)
@@ -209,6 +211,9 @@ def _engine(model: str, compilation: str, steps: int, warm: int) -> None:
         command = json.loads(line)
         if command.get("stop"):
             break
+        if command.get("report"):  # the placements as they stand now, measured ranges included
+            print(_TAG + json.dumps({"placements": _placements(config)}), flush=True)
+            continue
         print(_TAG + json.dumps(_timed(llm, command)), flush=True)
 
 
@@ -282,6 +287,7 @@ def run_vllm(rounds: int, steps: int, hidden: int, layers: int) -> dict[str, Any
                     equal = got["tokens"] == answers["inductor"]["tokens"]
                     same.setdefault(key, {}).setdefault(name, True)
                     same[key][name] = same[key][name] and equal
+        placements = {n: e.ask({"report": True})["placements"] for n, e in engines.items()}
     finally:
         for engine in engines.values():
             engine.stop()
@@ -304,7 +310,7 @@ def run_vllm(rounds: int, steps: int, hidden: int, layers: int) -> dict[str, Any
         "rounds": rounds,
         "steps": steps,
         "rows": rows,
-        "placements": {n: e.ready["placements"] for n, e in engines.items()},
+        "placements": placements,
     }
 
 

@@ -26,7 +26,9 @@ import torch.fx
 
 from airstream.calibration import NOMINAL, MachineCosts
 from airstream.effects import effects
-from airstream.torch_internals import flop_formula, size_hint
+from airstream.foreign_ops import foreign_flops
+from airstream.fusion import called_op
+from airstream.torch_internals import flop_formula, op_name, size_hint
 
 __all__ = ["CostModel", "flops_cost", "hinted", "profile_cost"]
 
@@ -82,6 +84,9 @@ def flops_cost(node: torch.fx.Node, costs: MachineCosts = NOMINAL) -> float:
             flops = int(formula(*args, **kwargs, out_val=hinted(node.meta.get("val"))))
         except Exception:  # a formula that cannot read these shapes: count bytes only
             flops = 0
+    elif (called := called_op(node)) is not None:  # another library's op (vLLM's), if known
+        values = {k: _val(v) for k, v in called[1].items()}
+        flops = foreign_flops(*op_name(called[0])[:2], values) or 0
     moved = _bytes(node.meta.get("val")) + sum(_bytes(_val(a)) for a in node.all_input_nodes)
     return costs.dispatch_seconds + flops / costs.flops_per_second + moved / costs.bytes_per_second
 

@@ -27,7 +27,7 @@ import torch
 import torch.fx
 
 from airstream.effects import effects
-from airstream.fusion import MATMULS
+from airstream.fusion import matmul_rows, multiplies_matrices
 from airstream.passes.auto.cost import hinted
 
 __all__ = ["Projections", "SharedExpert", "parallel_projections", "shared_experts"]
@@ -73,9 +73,8 @@ def _cone(output: torch.fx.Node, stop: set[torch.fx.Node]) -> set[torch.fx.Node]
 
 def _rows(node: torch.fx.Node) -> int:
     """Rows of a matrix multiply's input (tokens), from its example value."""
-    source = node.args[1] if node.target in (aten.addmm.default, aten.baddbmm.default) else None
-    source = source if source is not None else node.args[0]
-    val = hinted(source.meta.get("val")) if isinstance(source, torch.fx.Node) else None
+    source = matmul_rows(node)
+    val = hinted(source.meta.get("val")) if source is not None else None
     if isinstance(val, torch.Tensor) and val.dim() >= 1:
         return int(val.numel() // max(int(val.shape[-1]), 1))
     return 0
@@ -90,7 +89,7 @@ def shared_experts(nodes: Iterable[torch.fx.Node]) -> list[SharedExpert]:
     for router in (n for n in calls if n.target in _ROUTERS):
         branch = _branch_beside(router, order, taken)
         if branch is not None:
-            matmuls = [n for n in branch if n.target in MATMULS]
+            matmuls = [n for n in branch if multiplies_matrices(n)]
             first = min(matmuls, key=order.__getitem__)
             found.append(SharedExpert(sorted(branch, key=order.__getitem__), router, _rows(first)))
             taken |= branch
@@ -110,7 +109,7 @@ def _branch_beside(
             cone = _cone(value, before)
             # a weight's transpose or a constant is no branch; a branch already taken (a second
             # router of the same block) is not found twice
-            if cone & taken or not any(n.target in MATMULS for n in cone):
+            if cone & taken or not any(multiplies_matrices(n) for n in cone):
                 continue
             return cone
     return None

@@ -1,4 +1,5 @@
-"""Ops sharing process-global state (airstream.foreign_ops): never two at once across streams.
+"""What airstream knows of other libraries' ops (airstream.foreign_ops): shared state (never
+two at once across streams), the caller's threads, their work.
 
 The op below is vLLM's CPU kernels in miniature: it writes ``out`` (an ``out=`` op, reaching the
 graph through ``auto_functionalized_v2``) by way of one module-level scratch buffer, with a
@@ -9,8 +10,10 @@ result; airstream, not knowing the op's library, must order them.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
+import types
 
 import pytest
 import torch
@@ -98,8 +101,9 @@ def test_a_declared_state_orders_only_the_ops_that_share_it() -> None:
 
 
 def test_torchs_ops_and_vllms_cpu_kernels_are_known_without_a_warning(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))  # _C is vLLM's there
     with caplog.at_level(logging.WARNING, logger="airstream"):
         assert shared_state("aten", "mm") is None
         assert shared_state("_c10d_functional", "all_reduce") is None
@@ -195,3 +199,44 @@ def test_an_op_needing_the_callers_threads_on_a_side_stream_is_an_error() -> Non
     with pytest.raises(Exception, match=r"must run on the main stream.*caller's intra-op threads"):
         with torch.no_grad():
             compiled(torch.randn(4, 8))
+
+
+def test_an_extension_named_c_without_vllm_loaded_is_an_unknown_library(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    with caplog.at_level(logging.WARNING, logger="airstream"):
+        state = shared_state("_C", "some_kernel_of_another_extension")
+    assert state is not None and "ScratchPadManager" not in state
+    assert "_C::some_kernel_of_another_extension is not known to airstream" in caplog.text
+
+
+def test_vllms_matmul_and_fused_moe_have_flops_and_unknown_ops_none() -> None:
+    from airstream.foreign_ops import foreign_flops, matmul_input
+
+    a, c = torch.empty(4, 64), torch.empty(4, 128)
+    assert foreign_flops("_C", "onednn_mm", {"a": a, "c": c, "bias": None}) == 2 * 4 * 64 * 128
+    assert matmul_input("_C", "onednn_mm") == "a" and matmul_input("aten", "mm") is None
+    moe = {
+        "topk_id": torch.empty(5, 2, dtype=torch.int32),
+        "w13": torch.empty(8, 2 * 32, 64),  # experts, 2 x intermediate, hidden
+        "w2": torch.empty(8, 64, 32),
+    }
+    assert foreign_flops("_C", "cpu_fused_moe", moe) == 2 * 5 * 2 * (64 * 64 + 64 * 32)
+    assert foreign_flops("_C", "cpu_fused_moe", {}) is None  # arguments it cannot read
+    assert foreign_flops("mylib", "fused", {"a": a}) is None
+
+
+def test_a_functionalized_call_is_read_as_the_op_it_wraps() -> None:
+    from airstream.fusion import called_op, multiplies_matrices
+
+    compiled, backend = compile_model(_TwoBranches(), fullgraph=True)
+    with torch.no_grad():
+        compiled(torch.randn(16, 64))
+    gm = graph_of(backend, "inference").graph_module
+    calls = [n for n in gm.graph.nodes if "auto_functionalized" in str(n.target)]
+    assert calls
+    op, args = called_op(calls[0])
+    assert op is torch.ops.airstream_scratch.mm.default
+    assert set(args) >= {"out", "x", "w"} and isinstance(args["out"], torch.fx.Node)
+    assert not multiplies_matrices(calls[0])  # not a matmul airstream knows
