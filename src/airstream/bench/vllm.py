@@ -27,6 +27,7 @@ anew in every run (``AIRSTREAM_DECISIONS=off``); Inductor's caches warm after th
 
 from __future__ import annotations
 
+import importlib
 import json
 import operator
 import os
@@ -163,14 +164,21 @@ def op_label(node: Any) -> str:
     return str(wrapped[0] if wrapped else node.target)
 
 
+def _backend_object(compilation: dict[str, Any]) -> Any:
+    """The airstream backend object a runner's ``backend`` names (None for Inductor's)."""
+    backend = str(compilation.get("backend", ""))
+    module, _, name = backend.rpartition(".")
+    if not module:
+        return None
+    found = getattr(importlib.import_module(module), name, None)
+    return found if hasattr(found, "graphs") else None
+
+
 def _placements(compilation: dict[str, Any]) -> list[dict[str, Any]]:
     """Per graph an airstream runner compiled: its side streams' ops and what was measured."""
-    backend = str(compilation.get("backend", ""))
-    if not backend.startswith("airstream.compat.vllm."):
+    compiled = _backend_object(compilation)
+    if compiled is None:
         return []
-    from airstream.compat import vllm as integration
-
-    compiled = getattr(integration, backend.rsplit(".", 1)[1])
     return [
         {
             "kind": graph.kind,
@@ -183,12 +191,9 @@ def _placements(compilation: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _decided(compilation: dict[str, Any]) -> bool:
     """Has every graph of an airstream runner decided in every size range called so far?"""
-    backend = str(compilation.get("backend", ""))
-    if not backend.startswith("airstream.compat.vllm."):
+    compiled = _backend_object(compilation)
+    if compiled is None:
         return True
-    from airstream.compat import vllm as integration
-
-    compiled = getattr(integration, backend.rsplit(".", 1)[1])
     return all(g.measurements is None or g.measurements.decided for g in compiled.graphs)
 
 
