@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.foreign_ops import needs_caller_threads, shared_state
+from airstream.foreign_ops import known_effects
 from airstream.ops.air_print import air_print
 from airstream.ops.library import is_air_op, record, scope_enter, scope_exit, wait, wait_tensor
 from airstream.ops.tagged import TAGGED_EVENT_OPS
@@ -248,9 +248,9 @@ def effects(node: torch.fx.Node) -> Effects:
         return Effects(air=True, host_sync=target in NATIVE_HOST_SYNCS)
     if is_higher_order(target):  # its effects depend on what it wraps
         impure = torch_side_effects(target, node.args, node.kwargs)
-        wrapped = [a for a in node.args if isinstance(a, OpOverload)]  # auto_functionalized's op
-        state = tuple(dict.fromkeys(s for s in map(_shared_state, wrapped) if s is not None))
-        threads = any(map(_caller_threads, wrapped))
+        known = [known_effects(a) for a in node.args]  # auto_functionalized's op
+        state = tuple(dict.fromkeys(s for s, _ in known if s is not None))
+        threads = any(t for _, t in known)
         if not (impure or state or threads):
             return _PURE
         return Effects(impure=impure, shared_state=state, caller_threads=threads)
@@ -262,6 +262,7 @@ def effects(node: torch.fx.Node) -> Effects:
         return _PURE
     collective = rule.collective
     aliases = _args_at(node, rule.aliases)
+    shares, needs_threads = known_effects(target)
     if collective == "wait_tensor":  # returns the tensor the collective wrote (no annotation)
         aliases = _nodes_in(node.args[0])
     return Effects(
@@ -274,28 +275,12 @@ def effects(node: torch.fx.Node) -> Effects:
         host_sync=rule.host_sync,
         allocates=rule.allocates,
         impure=rule.impure,
-        shared_state=tuple(filter(None, [_shared_state(target)])),
-        caller_threads=_caller_threads(target),
+        shared_state=() if shares is None else (shares,),
+        caller_threads=needs_threads,
     )
 
 
 _NO_RULE = _Rule()
-
-
-def _shared_state(target: Any) -> str | None:
-    """The process-global state an op overload shares (:mod:`airstream.foreign_ops`)."""
-    if not isinstance(target, OpOverload):
-        return None
-    namespace, name, _ = op_name(target)
-    return shared_state(namespace, name)
-
-
-def _caller_threads(target: Any) -> bool:
-    """Must an op overload run with the caller's threads (:mod:`airstream.foreign_ops`)?"""
-    if not isinstance(target, OpOverload):
-        return False
-    namespace, name, _ = op_name(target)
-    return needs_caller_threads(namespace, name)
 
 
 def written_arguments(op: Any) -> tuple[str, ...]:

@@ -43,8 +43,11 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from airstream.torch_internals import OpOverload, op_name
+
 __all__ = [
     "declare_shared_state",
+    "known_effects",
     "foreign_flops",
     "matmul_input",
     "needs_caller_threads",
@@ -161,3 +164,12 @@ def foreign_flops(namespace: str, name: str, values: Mapping[str, Any]) -> int |
     except (KeyError, AttributeError, IndexError, TypeError, ValueError):
         return None
     return None
+
+
+def known_effects(op: Any) -> tuple[str | None, bool]:
+    """For an op overload: the state it shares (:func:`shared_state`) and whether it needs the
+    caller's threads (:func:`needs_caller_threads`); ``(None, False)`` for anything else."""
+    if not isinstance(op, OpOverload):
+        return None, False
+    namespace, name, _ = op_name(op)
+    return shared_state(namespace, name), needs_caller_threads(namespace, name)

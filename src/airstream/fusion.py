@@ -11,7 +11,13 @@ import torch.fx
 
 from airstream.effects import effects
 from airstream.foreign_ops import matmul_input
-from airstream.torch_internals import OpOverload, is_auto_functionalized, op_name, op_schema
+from airstream.torch_internals import (
+    OpOverload,
+    functionalized_arguments,
+    is_auto_functionalized,
+    op_name,
+    op_schema,
+)
 
 __all__ = ["MATMULS", "called_op", "fusible", "is_matmul", "matmul_rows", "multiplies_matrices"]
 
@@ -43,16 +49,10 @@ def called_op(node: torch.fx.Node) -> tuple[OpOverload, dict[str, Any]] | None:
     ``auto_functionalized_v2`` call wraps, each argument it writes given as its base."""
     if node.op != "call_function":
         return None
+    wrapped = functionalized_arguments(node)
+    if wrapped is not None:
+        return wrapped
     target = node.target
-    if is_auto_functionalized(target) and node.args and isinstance(node.args[0], OpOverload):
-        op, kwargs = node.args[0], dict(node.kwargs)
-        given = kwargs.get("_all_bases")
-        bases = list(given) if isinstance(given, list | tuple) else []
-        named = {k: v for k, v in kwargs.items() if not k.startswith("_")}
-        for key, index in kwargs.items():
-            if key.endswith("_base_index") and isinstance(index, int) and index < len(bases):
-                named[key[1 : -len("_base_index")]] = bases[index]
-        return op, named
     schema = op_schema(target)
     if schema is None:
         return None

@@ -89,6 +89,7 @@ from airstream.torch_internals.cuda import (
 )
 from airstream.torch_internals.functionalize import (
     FunctionalizedCall,
+    functionalized_arguments,
     functionalized_call,
     is_auto_functionalized,
     outputs_rebuilt_from_inputs,
@@ -274,6 +275,7 @@ __all__ = [
     "end_allocate_to_pool",
     "eval_frame_callback_getter",
     "generated_node_index",
+    "functionalized_arguments",
     "functionalized_call",
     "is_auto_functionalized",
     "fake_store",

@@ -17,6 +17,7 @@ from airstream.torch_internals.registry import _attr, _feature, _get, _module_re
 
 __all__ = [
     "FunctionalizedCall",
+    "functionalized_arguments",
     "functionalized_call",
     "is_auto_functionalized",
     "outputs_rebuilt_from_inputs",
@@ -82,6 +83,24 @@ def is_auto_functionalized(target: Any) -> bool:
         return target is _get("auto_functionalized")
     except TorchSupportError:
         return False
+
+
+def functionalized_arguments(node: torch.fx.Node) -> tuple[OpOverload, dict[str, Any]] | None:
+    """The op an ``auto_functionalized_v2`` node wraps and its arguments by name, each argument
+    it writes given as its base node (view metadata dropped): what the op reads and writes, for
+    a cost model; None for any other node."""
+    if not node.args or not is_auto_functionalized(node.target):
+        return None
+    op, kwargs = node.args[0], node.kwargs
+    if not isinstance(op, OpOverload):
+        return None
+    given = kwargs.get("_all_bases")
+    bases = list(given) if isinstance(given, list | tuple) else []
+    named = {k: v for k, v in kwargs.items() if not k.startswith("_")}
+    for key, index in kwargs.items():
+        if key.endswith("_base_index") and isinstance(index, int) and index < len(bases):
+            named[key[1 : -len("_base_index")]] = bases[index]
+    return op, named
 
 
 _WHOLE = ("whole",)  # _view_of: the argument is all of its base
