@@ -171,7 +171,8 @@ class StreamConfig(OptionGroup):
             "keep the streams the passes placed only where they measure faster than one stream: "
             "a CPU graph on several streams is compiled on one stream too, the two "
             "run in turn over its first calls and the slower one is dropped; 'auto': where "
-            "auto_streams placed them, True: any placement, False: none",
+            "auto_streams placed them or microbatch_overlap split the graph (measured against "
+            "the graph unsplit), True: any placement, False: none",
         ),
         "measure_calls": Option(
             8, positive_int, "measure_placement: timed calls of each candidate before deciding"

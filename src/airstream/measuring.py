@@ -27,6 +27,7 @@ from airstream.mode import resolve_mode
 from airstream.nodes import AUTO_STREAMS_KEY, CANDIDATES_KEY, MEASUREMENT_KEY, NAMES_KEY
 from airstream.observers import CompileObserver
 from airstream.passes.auto.candidates import LIST_SCHEDULE, in_original_order, measured_here
+from airstream.passes.auto.microbatch import UNSPLIT_KEY, MicrobatchSplit
 from airstream.passes.manager import PassResult
 from airstream.placements import as_placed, on_one_stream, on_streams
 from airstream.runtime.capture_pool import CapturePool
@@ -41,7 +42,7 @@ from airstream.runtime.measured import (
     Measurements,
 )
 from airstream.runtime.size_ranges import SizeRanges, size_ranges
-from airstream.streams import STREAM_KEY, uses_streams
+from airstream.streams import STREAM_KEY, lower_streams, uses_streams
 
 __all__ = ["finish_placed", "threads_candidate"]
 
@@ -100,6 +101,7 @@ def finish_placed(
         described_sizes="" if sizes is None else sizes.describe(),
         known=measuring.known,
         on_decided=store.save if store is not None else None,
+        agree=_summed_over_ranks if measuring.split is not None else None,
     )
     gm.meta[MEASUREMENT_KEY] = measured.measurements
     return measured
@@ -154,6 +156,7 @@ class _Measuring:
     known: dict[str, Measurement]
     settled: Measurement | None
     crossings: dict[str, int]  # each placement's values handed between streams
+    split: MicrobatchSplit | None = None  # microbatch_overlap's: one stream is the unsplit graph
 
 
 def _crossings(gm: torch.fx.GraphModule) -> int:
@@ -192,11 +195,51 @@ def _measuring(gm: torch.fx.GraphModule, config: CompilerConfig, kind: str) -> _
             alternatives[candidate] = _Candidate(graph)
     crossings = {PLACED: _crossings(gm)}
     crossings.update({k: _crossings(c.graph) for k, c in alternatives.items()})
+    split = gm.meta.get(UNSPLIT_KEY)
+    if isinstance(split, MicrobatchSplit):
+        return _split_measuring(gm, split, sizes)
     # a decision kept before for another candidate: no one-stream copy to build
     one_stream = None if kept not in (None, ONE_STREAM) else on_one_stream(gm)
     if one_stream is not None:  # as the graph was before the list schedule reordered it
         in_original_order(one_stream)
     return _Measuring(one_stream, alternatives, sizes, store, known, settled, crossings)
+
+
+SPLIT_ONE_STREAM = "micro-batches on one stream"
+
+
+def _split_measuring(
+    gm: torch.fx.GraphModule, split: MicrobatchSplit, sizes: SizeRanges | None
+) -> _Measuring:
+    """microbatch_overlap's split measured against the graph unsplit (the baseline, on one
+    stream) and the split on one stream, every rank deciding alike: no decision is stored or
+    read (ranks reading a decision one of them stored while another measures would wait on
+    each other's vote forever)."""
+    unsplit = split.unsplit
+    lower_streams(unsplit, single_stream=True)
+    alternatives = {}
+    if uses_streams(gm):
+        alternatives[SPLIT_ONE_STREAM] = _Candidate(on_one_stream(gm))
+    crossings = {PLACED: _crossings(gm), SPLIT_ONE_STREAM: 0}
+    return _Measuring(unsplit, alternatives, sizes, None, {}, None, crossings, split)
+
+
+def _summed_over_ranks(measurement: Measurement) -> None:
+    """Each candidate's times, call by call, the slowest rank's (the default process group: a step
+    takes as long as its slowest rank), so that every
+    rank decides alike: a split on one rank and not on another would pair different
+    collectives. Every rank reaches this at the same call (measuring's turns follow the call
+    count) where the ranks call the graph in lockstep with the same sizes."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return
+    names = sorted(measurement.seconds)
+    calls = min(len(measurement.seconds[n]) for n in names)
+    times = torch.tensor([measurement.seconds[n][:calls] for n in names], dtype=torch.float64)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    for name, row in zip(names, times.tolist(), strict=True):
+        measurement.seconds[name] = row
 
 
 def threads_candidate(threads: int) -> str:
@@ -229,8 +272,9 @@ def _measures(gm: torch.fx.GraphModule, config: CompilerConfig) -> bool:
     setting = config.stream_config.measure_placement
     decision = gm.meta.get(AUTO_STREAMS_KEY)
     auto_placed = decision is not None and bool(getattr(decision, "applied", False))
+    split = isinstance(gm.meta.get(UNSPLIT_KEY), MicrobatchSplit)  # measured though on one stream
     return (
-        (setting is True or (setting == "auto" and auto_placed))
+        (setting is True or (setting == "auto" and (auto_placed or split)))
         and measured_here(gm, config)
-        and uses_streams(gm)
+        and (uses_streams(gm) or split)
     )

@@ -3,6 +3,7 @@
 from airstream.passes.auto import (
     AutoStreamsDecision,
     auto_streams,
+    microbatch_overlap,
     moe_experts,
     overlap_communication,
     shared_expert_overlap,
@@ -25,6 +26,7 @@ __all__ = [
     "add_control_edge",
     "auto_streams",
     "graph_kind",
+    "microbatch_overlap",
     "module_paths",
     "moe_experts",
     "overlap_communication",

@@ -174,8 +174,9 @@ class _Range:
 class MeasuredExecutor:
     """Runs the candidates in turn, per size range, until :func:`decide` can choose, then the
     chosen one. ``candidates``: name -> executor, one of them :data:`ONE_STREAM`; ``sizes``: the
-    range of a call's arguments (None: a static graph). Safe to call from several threads (a call
-    measured under the lock counts)."""
+    range of a call's arguments (None: a static graph); ``agree``: called with a measurement
+    before it decides (processes that must decide alike replace its times by their sum). Safe to
+    call from several threads (a call measured under the lock counts)."""
 
     def __init__(
         self,
@@ -187,6 +188,7 @@ class MeasuredExecutor:
         described_sizes: str = "",
         known: Mapping[str, Measurement] | None = None,
         on_decided: Callable[[Measurement], None] | None = None,
+        agree: Callable[[Measurement], None] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if ONE_STREAM not in candidates or len(candidates) < 2:
@@ -204,6 +206,7 @@ class MeasuredExecutor:
         self._known = {k: m for k, m in (known or {}).items() if m.chosen in self.candidates}
         self.measurements.ranges.update(self._known)
         self._on_decided = on_decided
+        self._agree = agree
         self._clock = clock
         self._lock = threading.Lock()
         self._ranges: dict[str, _Range] = {}
@@ -259,6 +262,8 @@ class MeasuredExecutor:
         m = state.measurement
         m.seconds[name].append(elapsed)
         if all(len(v) >= m.calls for v in m.seconds.values()):
+            if self._agree is not None:  # the processes that must decide alike pool their times
+                self._agree(m)
             m.chosen, m.reason = decide(m)
             state.chosen = self.candidates[m.chosen]
             if self._sizes is None:  # one range only: the others' memory goes

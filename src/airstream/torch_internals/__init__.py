@@ -114,6 +114,7 @@ from airstream.torch_internals.inductor import (
     inductor_decomposition_table,
     is_graph_module_pass,
     is_inductor_pass,
+    multiple_of,
     pattern_pass,
     pin_output_strides,
     plain_symbol,
@@ -193,6 +194,7 @@ from airstream.torch_internals.tools import (
 )
 
 __all__ = [
+    "multiple_of",
     "aot_compile",
     "autograd_cache_off",
     "autograd_cache_on",

@@ -132,6 +132,19 @@ def plain_symbol(value: Any) -> Any:
     return None
 
 
+def multiple_of(size: Any, unit: Any) -> int | None:
+    """``size / unit`` where it is a positive whole number, for ints and symbolic ints alike
+    (``2*s0`` over ``s0`` is 2), else None."""
+    if isinstance(size, torch.SymInt) and isinstance(unit, torch.SymInt):
+        ratio = size.node.expr / unit.node.expr
+        return int(ratio) if ratio.is_Integer and int(ratio) > 0 else None
+    if isinstance(size, torch.SymInt) or isinstance(unit, torch.SymInt):
+        return None
+    if isinstance(size, int) and isinstance(unit, int) and unit > 0 and size > 0:
+        return size // unit if size % unit == 0 else None
+    return None
+
+
 def unbound_symbols(inputs: Sequence[Any], values: Sequence[Any]) -> set[Any]:
     """The size symbols ``values`` (fake tensors, symbolic ints) use that a graph with
     ``inputs`` as its example inputs would not give Inductor. Inductor reads a symbol from a
