@@ -62,9 +62,17 @@ class EPMoE(torch.nn.Module):
     """One expert-parallel MoE layer with a shared expert: this rank's shard."""
 
     def __init__(
-        self, hidden: int, ffn: int, experts: int, top_k: int, rank: int, world: int
+        self,
+        hidden: int,
+        ffn: int,
+        experts: int,
+        top_k: int,
+        rank: int,
+        world: int,
+        comm: bool = True,
     ) -> None:
         super().__init__()
+        self.comm = comm  # False: the compute alone (the all-to-alls left out)
         if experts % world:
             raise ValueError(f"{experts} experts do not divide among {world} ranks")
         full = moe_weights(hidden, ffn, experts)
@@ -80,7 +88,7 @@ class EPMoE(torch.nn.Module):
         tokens, hidden = x.shape
         world, k = self.world, self.top_k
         send = x.unsqueeze(0).expand(world, tokens, hidden).reshape(world * tokens, hidden)
-        recv = _AllToAll.apply(send, world)  # every rank's tokens, rank after rank
+        recv = _AllToAll.apply(send, world) if self.comm else send  # every rank's, in turn
         weights, ids = torch.topk(torch.softmax(recv @ self.router.t(), dim=-1), k, dim=-1)
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)  # the rows sorted by expert
@@ -92,7 +100,7 @@ class EPMoE(torch.nn.Module):
             mine = (expert == self.first + e).unsqueeze(-1).to(x.dtype)
             out = out + torch.nn.functional.gelu(picked @ self.w1[e]) @ self.w2[e] * mine
         combined = torch.zeros_like(recv).index_add(0, rows, out * gate)
-        back = _AllToAll.apply(combined, world)  # each rank's results for my tokens
+        back = _AllToAll.apply(combined, world) if self.comm else combined  # mine, by rank
         shared = torch.nn.functional.gelu(x @ self.s1) @ self.s2
         return back.reshape(world, tokens, hidden).sum(0) + shared
 

@@ -75,10 +75,14 @@ def layer_weights(layer: int, hidden: int) -> dict[str, torch.Tensor]:
 
 
 class TPLayer(torch.nn.Module):
-    """One layer's shard on ``rank`` of ``world``."""
+    """One layer's shard on ``rank`` of ``world`` (``comm=False``: its compute alone, the
+    collectives left out, for the time communication adds)."""
 
-    def __init__(self, full: dict[str, torch.Tensor], rank: int, world: int) -> None:
+    def __init__(
+        self, full: dict[str, torch.Tensor], rank: int, world: int, comm: bool = True
+    ) -> None:
         super().__init__()
+        self.comm = comm
         rows = full["w1"].shape[0] // world
         part = slice(rank * rows, (rank + 1) * rows)
         self.w1 = torch.nn.Parameter(full["w1"][part].clone())
@@ -92,19 +96,20 @@ class TPLayer(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.nn.functional.gelu(
-            torch.nn.functional.linear(_ToParallel.apply(x), self.w1, self.b1)
+            torch.nn.functional.linear(_ToParallel.apply(x) if self.comm else x, self.w1, self.b1)
         )
-        mlp = _AllReduce.apply(torch.nn.functional.linear(h, self.w2)) + self.b2
+        partial = torch.nn.functional.linear(h, self.w2)
+        mlp = (_AllReduce.apply(partial) if self.comm else partial) + self.b2
         return mlp + torch.nn.functional.gelu(self.branch(x))
 
 
 class TPModel(torch.nn.Module):
     """``layers`` tensor-parallel layers: this rank's shards."""
 
-    def __init__(self, layers: int, hidden: int, rank: int, world: int) -> None:
+    def __init__(self, layers: int, hidden: int, rank: int, world: int, comm: bool = True) -> None:
         super().__init__()
         self.layers = torch.nn.ModuleList(
-            TPLayer(layer_weights(i, hidden), rank, world) for i in range(layers)
+            TPLayer(layer_weights(i, hidden), rank, world, comm) for i in range(layers)
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -136,6 +136,29 @@ def _tp(a: argparse.Namespace) -> Report:
     return report, format_tp(report)
 
 
+def _microbatch(a: argparse.Namespace) -> Report:
+    from airstream.bench.microbatch import (
+        MICROBATCH_MODELS,
+        SIZES,
+        format_microbatch,
+        run_microbatch,
+    )
+
+    models = _models("microbatch", a.models, MICROBATCH_MODELS)
+    sizes = tuple(int(t) for t in a.sizes.split(",")) if a.sizes else SIZES
+    report = run_microbatch(
+        nproc=a.nproc,
+        models=models,
+        sizes=sizes,
+        layers=a.layers,
+        hidden=a.hidden,
+        rounds=a.rounds,
+        calls=a.calls,
+        comm=a.comm,
+    )
+    return report, format_microbatch(report)
+
+
 def _serving(a: argparse.Namespace) -> Report:
     from airstream.bench.serving import SERVING_MODELS, format_serving, run_serving
 
@@ -289,6 +312,12 @@ BENCHES: Mapping[str, Bench] = {
         "a tensor-parallel MLP on --nproc ranks, with overlap_communication",
         _tp,
         {"tokens": 64, "hidden": 256, "calls": 10},
+    ),
+    "microbatch": Bench(
+        "microbatch_overlap on --nproc gloo ranks (--comm modelled: modelled delays) against "
+        "the unsplit graph and a hand-written split, over --sizes tokens",
+        _microbatch,
+        {"hidden": 256, "layers": 2, "rounds": 7, "calls": 3},
     ),
     "memory": Bench(
         "peak memory of a training step and of inference",

@@ -283,7 +283,21 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="store_true",
         help="--mode: skip the compile-time measurements (fresh processes, cold/warm cache)",
     )
-    bench.add_argument("--nproc", type=int, default=2, help="tp: ranks to spawn (default 2)")
+    bench.add_argument(
+        "--nproc", type=int, default=2, help="tp, microbatch: ranks to spawn (default 2)"
+    )
+    bench.add_argument(
+        "--sizes",
+        default="",
+        help="microbatch: comma-separated token counts (default 16,64,256,1024,4096,8192)",
+    )
+    bench.add_argument(
+        "--comm",
+        choices=["gloo", "modelled"],
+        default="gloo",
+        help="microbatch: gloo ranks over localhost, or one process whose collectives are "
+        "modelled delays (50 us + 1 ns per byte, the GIL released)",
+    )
     bench.add_argument(
         "--layers", type=int, default=None, help=f"tp, memory: layers ({default_help('layers')})"
     )
@@ -291,7 +305,8 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--models",
         default="",
         help="decode, train: comma-separated models (default all: qwen2-moe, deepseek-v3, "
-        "llama); serving-loop: (default all: moe, heads, decode); suite-models, compile: "
+        "llama); microbatch: (default both: tp, moe); serving-loop: (default all: moe, heads, "
+        "decode); suite-models, compile: "
         "(default all of the model suite)",
     )
     bench.add_argument(

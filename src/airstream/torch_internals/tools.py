@@ -259,6 +259,28 @@ def functional_collectives() -> Any:
     return _get("functional_collectives")
 
 
+@_feature(
+    "python_process_group",
+    "torch.distributed.ProcessGroup subclassed in Python (allreduce, alltoall_base returning a "
+    "torch.distributed._Work), found by name through "
+    "torch._C._distributed_c10d._register_process_group",
+    "collectives",
+    "airstream bench microbatch --comm modelled (communication as a modelled delay)",
+)
+def _probe_python_process_group() -> Any:
+    if not torch.distributed.is_available():
+        raise RuntimeError("torch.distributed is not available in this torch build")
+    c10d = importlib.import_module("torch._C._distributed_c10d")
+    return torch.distributed.ProcessGroup, torch.distributed._Work, c10d._register_process_group
+
+
+def python_process_group() -> tuple[Any, Any, Callable[[str, Any], None]]:
+    """``(ProcessGroup, Work, register(name, group))``: the base classes of a process group
+    written in Python, and the call that lets functional collectives find it by ``name``."""
+    found: tuple[Any, Any, Callable[[str, Any], None]] = _get("python_process_group")
+    return found
+
+
 def collective_op(name: str) -> OpOverload:
     """The aten-level op of a functional collective: ``collective_op("all_reduce")``."""
     _get("functional_collectives")

@@ -152,7 +152,9 @@ def _split(
         if reason is None:
             reason = "it does not depend on the tokens"
         raise Refused(
-            f"no collective can run per micro-batch: the first, {describe(first)}: {reason}"  # type: ignore[arg-type]
+            f"no collective can run per micro-batch. The first, {describe(first)}: "  # type: ignore[arg-type]
+            f"{reason}. The pass splits what each token computes from its own rows; move what "
+            "mixes tokens after the collectives, or leave this graph unsplit"
         )
     unsplit = as_placed(gm)
     merged_at = _rebuild(gm, labels, region, tokens, token_node, comm_stream)
@@ -260,10 +262,7 @@ def _region(
         if node.op != "call_function" or lab is None or lab == SCALAR:
             continue
         if isinstance(lab, Stop):
-            origin = next((a for a in node.all_input_nodes if labels.get(a) == lab), None)
-            why[node] = lab.why if origin is None else f"it follows {describe(origin)}"
-            if origin is None:
-                why[node] = f"{lab.why} ({describe(node)})"
+            why[node] = f"{lab.why}: {lab.at}" if lab.at else lab.why
             continue
         region.add(node)
     changed = True
@@ -277,13 +276,10 @@ def _region(
             leaves = _mergeable(node, lab)
             reason = None
             if outside and not leaves:
-                reason = (
-                    f"{describe(node)} is used after the split ({describe(outside[0])}) but is "
-                    f"not indexed by tokens ({_what(lab)})"
-                )
+                reason = f"it depends on a value that is not indexed by tokens: {_what(lab)}"
             late = [a for a in node.all_input_nodes if a not in region and _after(a, region)]
             if late:
-                reason = f"it needs {describe(late[0])}, which runs on the merged batch"
+                reason = f"it needs {describe(late[0])}, which runs on the whole batch"
             if reason is not None:
                 _drop(node, region, why, reason)
                 changed = True
@@ -329,7 +325,7 @@ def _mergeable(node: torch.fx.Node, lab: Label) -> bool:
 
 def _what(lab: Label) -> str:
     if isinstance(lab, Mixed):
-        return lab.why
+        return f"{lab.why}: {lab.at}" if lab.at else lab.why
     if isinstance(lab, Rows):
         return f"{lab.blocks} blocks of rows, one per rank" if lab.blocks > 1 else "a new buffer"
     return "a tuple"

@@ -29,6 +29,7 @@ computed from the micro-batch's own positions (an ``arange`` over its rows, or t
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ import torch
 import torch.fx
 
 from airstream.effects import effects
+from airstream.nodes import describe
 from airstream.torch_internals import multiple_of
 
 __all__ = ["SCALAR", "Label", "Mixed", "Rows", "Stop", "label_nodes", "rows_of_size"]
@@ -73,6 +75,7 @@ class Mixed:
 
     why: str
     of: Rows | None = None
+    at: str = ""  # the op that mixed it (set where it is made)
 
 
 def _matches(a: Rows, b: Rows) -> bool:
@@ -90,9 +93,11 @@ def _joined(a: Rows, b: Rows) -> Rows:
 
 @dataclass(frozen=True)
 class Stop:
-    """Must not run per micro-batch: ``why``, for the message that names the node."""
+    """Must not run per micro-batch: ``why``, and ``at``: the op that stopped it (for the
+    message that names the node)."""
 
     why: str
+    at: str = ""
 
 
 SCALAR = "scalar"
@@ -209,10 +214,19 @@ def label_nodes(
         if node.op == "placeholder":
             labels[node] = sources.get(node)
         elif node.op == "call_function":
-            labels[node] = _label(node, labels, tokens)
+            labels[node] = _named(_label(node, labels, tokens), node)
         else:
             labels[node] = None
     return labels
+
+
+def _named(lab: Label, node: torch.fx.Node) -> Label:
+    """``lab`` with the op that made it named, where it is a new mixed or stopped value."""
+    if isinstance(lab, tuple):
+        return tuple(_named(part, node) for part in lab)
+    if isinstance(lab, (Mixed, Stop)) and not lab.at:
+        return dataclasses.replace(lab, at=describe(node))
+    return lab
 
 
 def _label(node: torch.fx.Node, labels: Mapping[torch.fx.Node, Label], tokens: Any) -> Label:
@@ -278,20 +292,21 @@ def _mixed_through(
     through the ops that move them, and an integer division by ``c`` turns positions of rows
     ``c`` per token into positions of rows one per token."""
     first = next(lab for lab in ins if isinstance(lab, Mixed))
+    why, at = first.why, first.at
     if node.target in (aten.sort.default, aten.sort.stable, aten.topk.default):
-        return (Mixed(first.why), Mixed("sorted"))
+        return (Mixed(why, at=at), Mixed(why, at=at))
     positions = _positions_indexing(node, labels)
     if positions is not None:
         return positions
     self_label = ins[0] if ins else None
     ids = self_label.of if isinstance(self_label, Mixed) else None
     if ids is None:
-        return Mixed(first.why)
+        return Mixed(why, at=at)
     if node.target in _VIEWS or node.target in _SAME or node.target in _MOVES_IDS:
-        return Mixed(first.why, ids)
+        return Mixed(why, ids, at)
     if node.target in _DIVIDES and isinstance(node.args[1], int) and ids.per % node.args[1] == 0:
-        return Mixed(first.why, Rows(ids.dim, ids.per // node.args[1], ids.blocks))
-    return Mixed(first.why)
+        return Mixed(why, Rows(ids.dim, ids.per // node.args[1], ids.blocks), at)
+    return Mixed(why, at=at)
 
 
 _MOVES_IDS = {
