@@ -371,3 +371,45 @@ def test_the_never_slower_line_measures_each_config_against_the_best_backend() -
     line = never_slower_line(verdict, "interleaved")
     assert "here inductor; ceiling: hand; interleaved" in line
     assert "one 0.98x (0.85x of the ceiling), two 0.89x (0.78x of the ceiling) SLOWER" in line
+
+
+def test_microbatch_report_with_modelled_communication() -> None:
+    from airstream.bench.microbatch import format_microbatch, run_microbatch
+
+    report = run_microbatch(
+        nproc=2,
+        models=("tp",),
+        sizes=(8, 16),
+        layers=1,
+        hidden=16,
+        rounds=1,
+        calls=1,
+        comm="modelled",
+    )
+    rows = report["models"]["tp"]["sizes"]
+    assert set(rows) == {"8", "16"}
+    for row in rows.values():
+        assert max(row["max_rel_error"].values()) < 1e-5, row["max_rel_error"]
+        comm = row["modelled_comm_ms"]
+        assert comm["pass"] > comm["unsplit"] > 0  # two half-size collectives: alpha twice
+        assert comm["unsplit (comm free)"] == 0
+        assert set(row["hidden_share"]) == {"hand unsplit", "hand split", "unsplit", "pass"}
+        assert row["decision"].startswith("s") and "kept" in row["decision"]
+    text = format_microbatch(report)
+    assert "modelling 2 ranks" in text and "hidden" in text
+
+
+@pytest.mark.distributed
+@slow(
+    "2 gloo ranks, 7 runners each, both models",
+    "tests/test_bench.py::test_microbatch_report_with_modelled_communication",
+)
+def test_microbatch_report_on_gloo_ranks() -> None:
+    from airstream.bench.microbatch import format_microbatch, run_microbatch
+
+    report = run_microbatch(nproc=2, sizes=(8,), layers=1, hidden=16, rounds=1, calls=1)
+    for model in ("tp", "moe"):
+        row = report["models"][model]["sizes"]["8"]
+        assert max(row["max_rel_error"].values()) < 1e-5, row["max_rel_error"]
+        assert row["modelled_comm_ms"] is None and "hidden_share" not in row
+    assert "2 gloo ranks" in format_microbatch(report)
