@@ -1,8 +1,9 @@
 """``airstream bench microbatch``: ``passes.microbatch_overlap()`` against the unsplit graph and a
 hand-written split, over a sweep of token counts.
 
-Each reference model (:mod:`airstream.bench.microbatch_models`: a tensor-parallel MLP stack,
-``tp``, and an expert-parallel MoE stack with a shared expert, ``moe``) runs on ``nproc`` gloo
+Each reference model (:mod:`airstream.bench.microbatch_models`: a tensor-parallel MLP stack of
+``layers`` layers, ``tp``, and an expert-parallel MoE stack of ``layers // 2`` layers with a shared
+expert, ``moe``: as many collectives, two a layer; experts ``2 x nproc``, top 2) runs on ``nproc`` gloo
 ranks over localhost (1 intra-op thread each), or, with ``comm="modelled"``, in one process whose
 collectives are modelled delays (:mod:`airstream.bench.modelled_comm`: ``alpha + beta * bytes``,
 the GIL released: the schedule's quality apart from this machine's memory-copy contention). For
@@ -56,12 +57,10 @@ def _model(name: str, layers: int, hidden: int, rank: int, world: int, comm: boo
 
     if name == "tp":
         return TPModel(layers, hidden, rank, world, comm=comm).eval()
-    if name == "moe":
+    if name == "moe":  # two collectives a layer: half the layers, as many collectives
+        experts, moe_layers = 2 * world, max(1, layers // 2)
         return torch.nn.Sequential(
-            *(
-                EPMoE(hidden, 2 * hidden, 2 * world, 2, rank, world, comm=comm)
-                for _ in range(layers)
-            )
+            *(EPMoE(hidden, 2 * hidden, experts, 2, rank, world, comm) for _ in range(moe_layers))
         ).eval()
     raise ValueError(f"bench microbatch: no model {name!r}; choose from {MICROBATCH_MODELS}")
 
@@ -301,10 +300,10 @@ def run_microbatch(
     nproc: int = 2,
     models: Sequence[str] = MICROBATCH_MODELS,
     sizes: Sequence[int] = SIZES,
-    layers: int = 2,
+    layers: int = 4,
     hidden: int = 256,
-    rounds: int = 7,
-    calls: int = 3,
+    rounds: int = 5,
+    calls: int = 2,
     comm: str = "gloo",
     alpha_us: float = 50.0,
     beta_ns_per_byte: float = 1.0,

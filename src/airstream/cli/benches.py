@@ -317,7 +317,7 @@ BENCHES: Mapping[str, Bench] = {
         "microbatch_overlap on --nproc gloo ranks (--comm modelled: modelled delays) against "
         "the unsplit graph and a hand-written split, over --sizes tokens",
         _microbatch,
-        {"hidden": 256, "layers": 2, "rounds": 7, "calls": 3},
+        {"hidden": 256, "layers": 4, "rounds": 5, "calls": 2},
     ),
     "memory": Bench(
         "peak memory of a training step and of inference",
