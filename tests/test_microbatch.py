@@ -458,3 +458,34 @@ def test_reference_models_on_gloo_ranks(
     world: int, models: tuple[str, ...], train: bool, mode: str
 ) -> None:
     _check(_run(world, models, train, mode), world, models, train)
+
+
+@pytest.fixture
+def fake_two_ranks() -> Iterator[None]:
+    from airstream import torch_internals
+
+    dist.init_process_group("fake", store=torch_internals.fake_store(), rank=0, world_size=2)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sequence_parallel_gather_and_scatter_split(fake_two_ranks: None) -> None:
+    """Tokens gathered from every rank (blocks of rows, one per rank), a shared matmul, the rows
+    summed and scattered back: both collectives run per micro-batch (structure only: a fake
+    group's collectives move no data)."""
+    group = dist.group.WORLD
+    w = torch.randn(8, 8)
+
+    def layer(x: torch.Tensor) -> torch.Tensor:
+        gathered = funcol.all_gather_tensor(x, 0, group)  # [2T, 8]: each rank's rows in turn
+        return funcol.reduce_scatter_tensor((gathered @ w).relu(), "sum", 0, group) + x
+
+    compiled, backend = _compile(layer, airstream.passes.microbatch_overlap(), dynamic=True)
+    assert compiled(torch.randn(6, 8)).shape == (6, 8)
+    graph, found = _split_of(backend)
+    targets = [str(n.target) for n in graph.graph_module.graph.nodes]
+    assert sum("all_gather_into_tensor" in t for t in targets) == 2
+    assert sum("reduce_scatter_tensor" in t for t in targets) == 2
+    assert found.collectives == 2 and found.merged_at == "output"

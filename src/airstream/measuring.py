@@ -28,6 +28,7 @@ from airstream.nodes import AUTO_STREAMS_KEY, CANDIDATES_KEY, MEASUREMENT_KEY, N
 from airstream.observers import CompileObserver
 from airstream.passes.auto.candidates import LIST_SCHEDULE, in_original_order, measured_here
 from airstream.passes.auto.microbatch import UNSPLIT_KEY, MicrobatchSplit
+from airstream.passes.builtin import BUILTIN_PASSES, FINAL_PASSES
 from airstream.passes.manager import PassResult
 from airstream.placements import as_placed, on_one_stream, on_streams
 from airstream.runtime.capture_pool import CapturePool
@@ -197,7 +198,7 @@ def _measuring(gm: torch.fx.GraphModule, config: CompilerConfig, kind: str) -> _
     crossings.update({k: _crossings(c.graph) for k, c in alternatives.items()})
     split = gm.meta.get(UNSPLIT_KEY)
     if isinstance(split, MicrobatchSplit):
-        return _split_measuring(gm, split, sizes)
+        return _split_measuring(gm, split, sizes, config)
     # a decision kept before for another candidate: no one-stream copy to build
     one_stream = None if kept not in (None, ONE_STREAM) else on_one_stream(gm)
     if one_stream is not None:  # as the graph was before the list schedule reordered it
@@ -209,14 +210,21 @@ SPLIT_ONE_STREAM = "micro-batches on one stream"
 
 
 def _split_measuring(
-    gm: torch.fx.GraphModule, split: MicrobatchSplit, sizes: SizeRanges | None
+    gm: torch.fx.GraphModule,
+    split: MicrobatchSplit,
+    sizes: SizeRanges | None,
+    config: CompilerConfig,
 ) -> _Measuring:
     """microbatch_overlap's split measured against the graph unsplit (the baseline, on one
     stream) and the split on one stream, every rank deciding alike: no decision is stored or
     read (ranks reading a decision one of them stored while another measures would wait on
     each other's vote forever)."""
-    unsplit = split.unsplit
-    lower_streams(unsplit, single_stream=True)
+    unsplit = split.unsplit  # as the pass found it: the built-ins after it run on it here
+    for option, builtin in (*BUILTIN_PASSES, *FINAL_PASSES):
+        if config.get_option(option):
+            builtin(unsplit, split.example_inputs, config)
+        if (option, builtin) == BUILTIN_PASSES[-1]:
+            lower_streams(unsplit, single_stream=True)
     alternatives = {}
     if uses_streams(gm):
         alternatives[SPLIT_ONE_STREAM] = _Candidate(on_one_stream(gm))

@@ -2,11 +2,12 @@
 hand-written split, over a sweep of token counts.
 
 Each reference model (:mod:`airstream.bench.microbatch_models`: a tensor-parallel MLP stack of
-``layers`` layers, ``tp``, and an expert-parallel MoE stack of ``layers // 2`` layers with a shared
-expert, ``moe``: as many collectives, two a layer; experts ``2 x nproc``, top 2) runs on ``nproc`` gloo
-ranks over localhost (1 intra-op thread each), or, with ``comm="modelled"``, in one process whose
-collectives are modelled delays (:mod:`airstream.bench.modelled_comm`: ``alpha + beta * bytes``,
-the GIL released: the schedule's quality apart from this machine's memory-copy contention). For
+``layers`` layers, ``tp``, and an expert-parallel MoE stack of ``layers // 2`` layers with a
+shared expert, ``moe``: as many collectives, two a layer; experts ``2 x nproc``, top 2) runs on
+``nproc`` gloo ranks over localhost (1 intra-op thread each), or, with ``comm="modelled"``, in one
+process whose collectives are modelled delays (:mod:`airstream.bench.modelled_comm`: ``alpha +
+beta * bytes``, the GIL released: the schedule's quality apart from this machine's memory-copy
+contention). For
 each token count, interleaved rounds with medians (each rank's median, the slowest rank's
 reported: a step takes as long as its slowest rank) of:
 
@@ -306,7 +307,7 @@ def run_microbatch(
     calls: int = 2,
     comm: str = "gloo",
     alpha_us: float = 50.0,
-    beta_ns_per_byte: float = 1.0,
+    beta_ns_per_byte: float = 4.0,
 ) -> dict[str, Any]:
     """Spawn the ranks (``comm="gloo"``: ``nproc`` processes; ``"modelled"``: one process
     modelling ``nproc`` ranks) and collect the report."""

@@ -155,6 +155,8 @@ def _microbatch(a: argparse.Namespace) -> Report:
         rounds=a.rounds,
         calls=a.calls,
         comm=a.comm,
+        alpha_us=a.alpha_us,
+        beta_ns_per_byte=a.beta_ns,
     )
     return report, format_microbatch(report)
 

@@ -296,7 +296,19 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         choices=["gloo", "modelled"],
         default="gloo",
         help="microbatch: gloo ranks over localhost, or one process whose collectives are "
-        "modelled delays (50 us + 1 ns per byte, the GIL released)",
+        "modelled delays (--alpha-us + --beta-ns per byte, the GIL released)",
+    )
+    bench.add_argument(
+        "--alpha-us",
+        type=float,
+        default=50.0,
+        help="microbatch --comm modelled: a collective's latency in us (default 50)",
+    )
+    bench.add_argument(
+        "--beta-ns",
+        type=float,
+        default=4.0,
+        help="microbatch --comm modelled: ns per byte a collective carries (default 4)",
     )
     bench.add_argument(
         "--layers", type=int, default=None, help=f"tp, memory: layers ({default_help('layers')})"

@@ -88,9 +88,11 @@ _SIZED = {  # op -> the argument holding a size list whose entries follow the ro
 @dataclass
 class MicrobatchSplit:
     """What the pass did to a graph: the graph as it was (``unsplit``: measured against the
-    split), the collectives split, and the ops copied per micro-batch."""
+    split, once the built-in passes that follow this one have run on it too), the collectives
+    split, and the ops copied per micro-batch."""
 
     unsplit: torch.fx.GraphModule
+    example_inputs: Sequence[Any]  # the graph's, for the passes the unsplit graph still needs
     collectives: int
     region: int
     merged_at: str  # where the micro-batches merge (the first op that is not split, or "output")
@@ -115,7 +117,7 @@ def microbatch_overlap(comm_stream: str | None = "comm", min_tokens: int = 2) ->
             log.info("microbatch_overlap: no collective in the graph; left alone")
             return
         try:
-            split = _split(gm, comm_stream, min_tokens)
+            split = _split(gm, example_inputs, comm_stream, min_tokens)
         except Refused as exc:
             warnings.warn(f"microbatch_overlap left the graph unsplit: {exc}", stacklevel=2)
             return
@@ -131,7 +133,10 @@ def microbatch_overlap(comm_stream: str | None = "comm", min_tokens: int = 2) ->
 
 
 def _split(
-    gm: torch.fx.GraphModule, comm_stream: str | None, min_tokens: int
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    comm_stream: str | None,
+    min_tokens: int,
 ) -> MicrobatchSplit | None:
     graph = gm.graph
     air = next((n for n in graph.nodes if n.op == "call_function" and is_air_op(n.target)), None)
@@ -158,7 +163,7 @@ def _split(
         )
     unsplit = as_placed(gm)
     merged_at = _rebuild(gm, labels, region, tokens, token_node, comm_stream)
-    split = MicrobatchSplit(unsplit, len(collectives), len(region), merged_at)
+    split = MicrobatchSplit(unsplit, example_inputs, len(collectives), len(region), merged_at)
     gm.meta[UNSPLIT_KEY] = split
     return split
 
