@@ -147,7 +147,6 @@ def _runners(name: str, layers: int, hidden: int, rank: int, world: int) -> dict
     from airstream.config import CompilerConfig
     from airstream.passes.auto.microbatch import microbatch_overlap
 
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     model = _model(name, layers, hidden, rank, world, comm=True)
     alone = _model(name, layers, hidden, rank, world, comm=False)
     backends = {}

@@ -59,7 +59,7 @@ from airstream.passes.auto.token_dims import (
 )
 from airstream.passes.toolkit import graph_kind, place_on_stream
 from airstream.placements import as_placed
-from airstream.torch_internals import require, static_input_indices
+from airstream.torch_internals import collective_op_name, require, static_input_indices
 
 __all__ = ["UNSPLIT_KEY", "MicrobatchSplit", "microbatch_overlap"]
 
@@ -67,7 +67,6 @@ log = logging.getLogger("airstream.passes")
 
 UNSPLIT_KEY = "air_microbatch_unsplit"  # gm.meta: the MicrobatchSplit the pass made
 aten = torch.ops.aten
-funcol = torch.ops._c10d_functional
 
 _SIZED = {  # op -> the argument holding a size list whose entries follow the rows
     aten.view.default: 1,
@@ -524,7 +523,7 @@ def _rebuild(
                 made.meta.pop("tensor_meta", None)
                 if isinstance(tokens, int):
                     _rescale(made, node, labels[node], tokens, counts[i])
-                elif node.target is funcol.all_to_all_single.default:
+                elif collective_op_name(node.target) == "all_to_all_single":
                     _check_splits(node)
                 micro[i][node] = made
                 if effects(node).collective or effects(node).collective_wait:
@@ -562,7 +561,7 @@ def _rescale(made: torch.fx.Node, node: torch.fx.Node, lab: Label, tokens: int, 
         per = rows_of_size(end, tokens) if isinstance(end, int) else None
         if per is not None:
             made.args = (*made.args[:end_at], per * count, *made.args[end_at + 1 :])
-    elif node.target is funcol.all_to_all_single.default:
+    elif collective_op_name(node.target) == "all_to_all_single":
         args = list(made.args)
         for at in (1, 2):
             splits: list[int] = args[at]  # type: ignore[assignment]

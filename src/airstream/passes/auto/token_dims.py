@@ -40,12 +40,11 @@ import torch.fx
 
 from airstream.effects import effects
 from airstream.nodes import describe
-from airstream.torch_internals import multiple_of
+from airstream.torch_internals import OpOverload, collective_op_name, multiple_of
 
 __all__ = ["SCALAR", "Label", "Mixed", "Rows", "Stop", "label_nodes", "rows_of_size"]
 
 aten = torch.ops.aten
-funcol = torch.ops._c10d_functional
 
 
 @dataclass(frozen=True)
@@ -174,7 +173,6 @@ _SYM_OPS = {
     aten.sym_size.int,
     aten.sym_numel.default,
 }
-_COLLECTIVE_SAME = {funcol.all_reduce.default, funcol.wait_tensor.default}
 
 
 def rows_of_size(size: Any, tokens: Any) -> int | None:
@@ -255,10 +253,10 @@ def _label(node: torch.fx.Node, labels: Mapping[torch.fx.Node, Label], tokens: A
         return SCALAR
     if any(isinstance(lab, Mixed) for lab in ins) and target not in _SCATTER_ADDS:
         return _mixed_through(node, ins, labels)
-    rule = _RULES.get(target)
+    rule = _RULES.get(target) or _COLLECTIVE_RULES.get(collective_op_name(target) or "")
     if rule is not None:
         return rule(node, labels, tokens)
-    if isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags:
+    if isinstance(target, OpOverload) and torch.Tag.pointwise in target.tags:
         return _pointwise(node, labels, tokens)
     return Mixed(f"no token rule for {target}")
 
@@ -641,7 +639,7 @@ def _reduce_scatter(
 
 
 _RULES: dict[Any, Rule] = {
-    **{op: _same for op in _SAME | _COLLECTIVE_SAME},
+    **{op: _same for op in _SAME},
     **{op: _view for op in _VIEWS},
     **{op: _reduction for op in _REDUCTIONS},
     **{op: _along for op in _ALONG},
@@ -671,8 +669,12 @@ _RULES: dict[Any, Rule] = {
     aten.slice.Tensor: _slice,
     aten.select.int: _slice,
     aten.expand.default: _expand,
-    funcol.all_to_all_single.default: _all_to_all,
-    funcol.all_gather_into_tensor.default: _all_gather,
-    funcol.reduce_scatter_tensor.default: _reduce_scatter,
     **{op: _factory for op in _NEW_FACTORIES},
+}
+_COLLECTIVE_RULES: dict[str, Rule] = {  # by the functional collective's name
+    "all_reduce": _same,
+    "wait_tensor": _same,
+    "all_to_all_single": _all_to_all,
+    "all_gather_into_tensor": _all_gather,
+    "reduce_scatter_tensor": _reduce_scatter,
 }
