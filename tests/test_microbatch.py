@@ -126,14 +126,14 @@ def test_default_mode_splits_and_matches(one_rank: None, default_mode: None) -> 
     """The mode users get on CPU (Inductor segments between the collectives)."""
     from airstream.bench.tp import TPModel
 
-    model = TPModel(2, 32, 0, 1).eval()
+    model = TPModel(1, 16, 0, 1).eval()
     unsplit, _ = _compile(model)
     split, backend = _compile(model, airstream.passes.microbatch_overlap())
     with torch.no_grad():
-        x = torch.randn(12, 32)
+        x = torch.randn(12, 16)
         _close(split(x), unsplit(x))
     graph, found = _split_of(backend)
-    assert graph.mode == "max-autotune" and found.collectives == 2
+    assert graph.mode == "max-autotune" and found.collectives == 1
 
 
 def test_training_gradients_equal_the_unsplit_graph(one_rank: None) -> None:
