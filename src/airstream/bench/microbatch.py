@@ -224,6 +224,11 @@ def bench_rank(
                     if "alone" not in label:
                         scale = float(want.abs().max())
                         errors[label] = float((got - want).abs().max()) / max(scale, 1e-30)
+                        if errors[label] > _RTOL:
+                            raise RuntimeError(
+                                f"bench microbatch: {name} {label!r} differs from eager by "
+                                f"{errors[label]:.1e} of its largest value at {tokens} tokens"
+                            )
                 timed = [(label, run, 1.0) for label, run in runners.items()]
                 if modelled is not None:
                     timed += [(f"{k}{_FREE}", runners[k], 0.0) for k in _OWN_COMPUTE]
