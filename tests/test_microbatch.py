@@ -25,7 +25,7 @@ from tests.conftest import slow
 
 import airstream
 from airstream.passes.auto.microbatch import UNSPLIT_KEY, MicrobatchSplit
-from airstream.passes.auto.token_dims import Mixed, Rows, Stop, label_nodes
+from airstream.passes.auto.token_dims import Mixed, Positions, Rows, Stop, label_nodes
 from airstream.runtime.measured import ONE_STREAM, PLACED, MeasuredExecutor
 from airstream.torch_internals import functional_collectives
 
@@ -256,8 +256,12 @@ def test_token_rule_table() -> None:
     assert h == Rows(0) and probs == Rows(0) and back == Rows(0)
     assert isinstance(total, Mixed) and "reduces over the tokens" in total.why
     assert flat == Rows(0, per=k)
-    assert isinstance(order, Mixed) and order.of == Rows(0, per=k)
-    assert isinstance(gathered, Mixed) and gathered.of is None
+    # a sort's indices over the tokens: positions of the micro-batch's rows, standing for the
+    # rows of that sort's permutation; divided by k, positions of tokens
+    assert isinstance(order, Positions) and order.fine == order.of == (k, 1)
+    sort = order.base
+    # rows gathered by positions: the micro-batch's rows permuted by that sort
+    assert gathered == Rows(0, per=k, by=sort)
     assert blocks == Rows(0, blocks=2)
     assert isinstance(capped, Stop) and "capacity" in capped.why
 

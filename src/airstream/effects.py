@@ -258,11 +258,11 @@ def effects(node: torch.fx.Node) -> Effects:
         rule = _rule(target)
     except TypeError:  # an unhashable callable: no declared effects
         return _PURE
-    if rule == _NO_RULE:
+    shares, needs_threads = known_effects(target)
+    if rule == _NO_RULE and shares is None and not needs_threads:
         return _PURE
     collective = rule.collective
     aliases = _args_at(node, rule.aliases)
-    shares, needs_threads = known_effects(target)
     if collective == "wait_tensor":  # returns the tensor the collective wrote (no annotation)
         aliases = _nodes_in(node.args[0])
     return Effects(
@@ -272,7 +272,7 @@ def effects(node: torch.fx.Node) -> Effects:
         view=rule.view,
         collective=collective is not None and collective != "wait_tensor",
         collective_wait=collective == "wait_tensor",
-        host_sync=rule.host_sync,
+        host_sync=rule.host_sync and not _indexes_by_integers(node),
         allocates=rule.allocates,
         impure=rule.impure,
         shared_state=() if shares is None else (shares,),
@@ -281,6 +281,19 @@ def effects(node: torch.fx.Node) -> Effects:
 
 
 _NO_RULE = _Rule()
+
+
+def _indexes_by_integers(node: torch.fx.Node) -> bool:
+    """``x[i]`` with integer indices only: its shape follows the indices' shapes, not their
+    values (``aten.index`` is tagged data-dependent for boolean masks, which ``nonzero``)."""
+    if node.target is not _aten.index.Tensor:
+        return False
+    indices = _arg_value(node, 1, "indices") or ()
+    for index in indices:
+        val = index.meta.get("val") if isinstance(index, torch.fx.Node) else None
+        if index is not None and (val is None or val.dtype in (torch.bool, torch.uint8)):
+            return False
+    return True
 
 
 def written_arguments(op: Any) -> tuple[str, ...]:

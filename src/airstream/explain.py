@@ -22,6 +22,7 @@ from airstream.config import CompilerConfig
 from airstream.debug.report import format_segments, format_streams
 from airstream.nodes import AUTO_STREAMS_KEY
 from airstream.observers import CompileObserver
+from airstream.passes.auto.microbatch import REFUSED_KEY, UNSPLIT_KEY, MicrobatchSplit
 from airstream.passes.manager import PassSpec
 from airstream.runtime.cuda_graphs import capture_statuses
 from airstream.runtime.measured import Measurements
@@ -73,6 +74,9 @@ class ExplainReport:
                 decision = graph.compiled.graph_module.meta.get(AUTO_STREAMS_KEY)
                 if decision is not None:
                     out.write(f"{decision}\n")
+                split = _microbatch_text(graph.compiled.graph_module)
+                if split:
+                    out.write(f"{split}\n")
                 measured = graph.compiled.measurements
                 if measured is not None:
                     out.write(_measured_text(measured) + "\n")
@@ -81,6 +85,15 @@ class ExplainReport:
         if self.dumps:
             out.write("\n== dumps written ==\n" + "".join(f"{p}\n" for p in self.dumps))
         return out.getvalue()
+
+
+def _microbatch_text(gm: torch.fx.GraphModule) -> str:
+    """What microbatch_overlap did to the graph (nothing where it did not run on it)."""
+    split = gm.meta.get(UNSPLIT_KEY)
+    if isinstance(split, MicrobatchSplit):
+        return f"microbatch_overlap: {split.describe()}"
+    refused = gm.meta.get(REFUSED_KEY)
+    return f"microbatch_overlap: unsplit: {refused}" if refused else ""
 
 
 def _measured_text(measured: Measurements) -> str:

@@ -28,6 +28,7 @@ from airstream.nodes import AUTO_STREAMS_KEY, CANDIDATES_KEY, MEASUREMENT_KEY, N
 from airstream.observers import CompileObserver
 from airstream.passes.auto.candidates import LIST_SCHEDULE, in_original_order, measured_here
 from airstream.passes.auto.microbatch import UNSPLIT_KEY, MicrobatchSplit
+from airstream.passes.auto.rank_agreement import max_over_ranks
 from airstream.passes.builtin import BUILTIN_PASSES, FINAL_PASSES
 from airstream.passes.manager import PassResult
 from airstream.placements import as_placed, on_one_stream, on_streams
@@ -43,6 +44,7 @@ from airstream.runtime.measured import (
     Measurements,
 )
 from airstream.runtime.size_ranges import SizeRanges, size_ranges
+from airstream.runtime.token_switch import TokenCountSwitch
 from airstream.streams import STREAM_KEY, lower_streams, uses_streams
 
 __all__ = ["finish_placed", "threads_candidate"]
@@ -66,6 +68,26 @@ def finish_placed(
     finish = functools.partial(
         finish_graph, config=config, kind=kind, results=results, static_inputs=static_inputs
     )
+    executor = _finish_measured(gm, config, kind, finish, observer, capture_pool, loaded)
+    split = gm.meta.get(UNSPLIT_KEY)
+    if isinstance(split, MicrobatchSplit) and split.token_input is not None:
+        # a dynamic split graph: calls with too few tokens run it unsplit
+        unsplit = _deferred(finish, _Candidate(_prepared_unsplit(split, config)), config)
+        return TokenCountSwitch(executor, unsplit, split.token_input, split.min_tokens)
+    return executor
+
+
+def _finish_measured(
+    gm: torch.fx.GraphModule,
+    config: CompilerConfig,
+    kind: str,
+    finish: Callable[..., Executor],
+    observer: CompileObserver,
+    capture_pool: CapturePool | None,
+    loaded: bool,
+) -> Executor:
+    """The placement's executor, measured against its alternatives where ``measure_placement``
+    says so."""
     measuring = _measuring(gm, config, kind) if _measures(gm, config) else None
     if measuring is not None and measuring.settled is not None:
         # a static graph an earlier process decided: only the candidate it kept compiles
@@ -102,7 +124,11 @@ def finish_placed(
         described_sizes="" if sizes is None else sizes.describe(),
         known=measuring.known,
         on_decided=store.save if store is not None else None,
-        agree=_summed_over_ranks if measuring.split is not None else None,
+        agree=(
+            functools.partial(_slowest_rank, groups=measuring.split.groups)
+            if measuring.split is not None
+            else None
+        ),
     )
     gm.meta[MEASUREMENT_KEY] = measured.measurements
     return measured
@@ -219,12 +245,7 @@ def _split_measuring(
     stream) and the split on one stream, every rank deciding alike: no decision is stored or
     read (ranks reading a decision one of them stored while another measures would wait on
     each other's vote forever)."""
-    unsplit = split.unsplit  # as the pass found it: the built-ins after it run on it here
-    for option, builtin in (*BUILTIN_PASSES, *FINAL_PASSES):
-        if config.get_option(option):
-            builtin(unsplit, split.example_inputs, config)
-        if (option, builtin) == BUILTIN_PASSES[-1]:
-            lower_streams(unsplit, single_stream=True)
+    unsplit = _prepared_unsplit(split, config)
     alternatives = {}
     if uses_streams(gm):
         alternatives[SPLIT_ONE_STREAM] = _Candidate(on_one_stream(gm))
@@ -232,20 +253,33 @@ def _split_measuring(
     return _Measuring(unsplit, alternatives, sizes, None, {}, None, crossings, split)
 
 
-def _summed_over_ranks(measurement: Measurement) -> None:
-    """Each candidate's times, call by call, the slowest rank's (the default process group: a step
-    takes as long as its slowest rank), so that every
+def _prepared_unsplit(split: MicrobatchSplit, config: CompilerConfig) -> torch.fx.GraphModule:
+    """The graph as microbatch_overlap found it, with the built-in passes after it run on it
+    (once: the measured candidate and the few-token calls share it)."""
+    unsplit = split.unsplit
+    if not unsplit.meta.get(_PREPARED_KEY):
+        for option, builtin in (*BUILTIN_PASSES, *FINAL_PASSES):
+            if config.get_option(option):
+                builtin(unsplit, split.example_inputs, config)
+            if (option, builtin) == BUILTIN_PASSES[-1]:
+                lower_streams(unsplit, single_stream=True)
+        unsplit.meta[_PREPARED_KEY] = True
+    return unsplit
+
+
+_PREPARED_KEY = "air_microbatch_prepared"
+
+
+def _slowest_rank(measurement: Measurement, groups: tuple[str, ...]) -> None:
+    """Each candidate's times, call by call, the slowest rank's over the process groups the
+    split graph's collectives run on (a step takes as long as its slowest rank), so that every
     rank decides alike: a split on one rank and not on another would pair different
     collectives. Every rank reaches this at the same call (measuring's turns follow the call
     count) where the ranks call the graph in lockstep with the same sizes."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
-        return
     names = sorted(measurement.seconds)
     calls = min(len(measurement.seconds[n]) for n in names)
     times = torch.tensor([measurement.seconds[n][:calls] for n in names], dtype=torch.float64)
-    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    times = max_over_ranks(times, groups)
     for name, row in zip(names, times.tolist(), strict=True):
         measurement.seconds[name] = row
 

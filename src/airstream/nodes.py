@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import operator
+import os
 import re
 from typing import Any
 
@@ -12,7 +13,7 @@ import torch.fx
 import torch.nn.functional
 
 from airstream.fused import CompiledSegment
-from airstream.torch_internals import OpOverload, OpOverloadPacket, op_name, stack_trace
+from airstream.torch_internals import OpOverload, OpOverloadPacket, op_name, op_schema, stack_trace
 
 __all__ = [
     "GRAPH_KINDS",
@@ -26,6 +27,7 @@ __all__ = [
     "SEGMENT_KEY",
     "graph_kind",
     "segment_of",
+    "bound_arguments",
     "describe",
     "source_line",
     "target_name",
@@ -67,6 +69,7 @@ def segment_of(node: torch.fx.Node) -> CompiledSegment | None:
     return node.meta.get(SEGMENT_KEY)
 
 
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _FRAME = re.compile(
     r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)\n(?P<code>[^\n]*)'
 )
@@ -128,7 +131,9 @@ def source_line(node: torch.fx.Node) -> str | None:
     frames = list(_FRAME.finditer(trace))
     if not frames:
         return None
-    last = frames[-1]
+    # the caller's line, not torch's own (a functional collective's frame in torch.distributed)
+    own = [f for f in frames if not f.group("file").startswith(_TORCH_DIR)]
+    last = (own or frames)[-1]
     code = last.group("code").strip()
     where = f"{last.group('file')}:{last.group('line')}"
     return f"{where} `{code}`" if code else where
@@ -144,3 +149,22 @@ def describe(node: torch.fx.Node) -> str:
     if inserted_by:
         return f"{text}, inserted by pass {inserted_by!r} (no source line)"
     return f"{text} (no source line recorded)"
+
+
+def bound_arguments(node: torch.fx.Node) -> dict[str, Any]:
+    """A call of an op overload's arguments by their schema's names, defaults filled in
+    (``{"self": x, "dim": [-1], "keepdim": False, ...}``); empty for any other node."""
+    schema = op_schema(node.target) if node.op == "call_function" else None
+    if schema is None:
+        return {}
+    bound: dict[str, Any] = {}
+    for index, argument in enumerate(schema.arguments):
+        if index < len(node.args) and not argument.kwarg_only:
+            bound[argument.name] = node.args[index]
+        elif argument.name in node.kwargs:
+            bound[argument.name] = node.kwargs[argument.name]
+        elif argument.has_default_value():
+            bound[argument.name] = argument.default_value
+        else:
+            bound[argument.name] = None
+    return bound

@@ -62,6 +62,28 @@ def _probe_fake_tensor() -> tuple[type, type, Callable[..., Any]]:
 
 
 @_feature(
+    "real_tensors",
+    "torch._subclasses.fake_tensor.unset_fake_temporarily",
+    "collectives",
+    "a pass computing on real tensors while AOTAutograd's fake mode is active (ranks agreeing "
+    "on microbatch_overlap's split, its split graph checked in a fake mode of its own)",
+)
+def _probe_real_tensors() -> Callable[[], Any]:
+    unset: Callable[[], Any] = _attr("torch._subclasses.fake_tensor:unset_fake_temporarily")
+    fake = importlib.import_module("torch._subclasses.fake_tensor")
+    with fake.FakeTensorMode(), unset():
+        value = torch.empty(2)
+    if isinstance(value, fake.FakeTensor):
+        raise TypeError("unset_fake_temporarily left the fake mode active")
+    return unset
+
+
+def real_tensors() -> Any:
+    """A context in which no fake mode is active: the tensors made in it are real."""
+    return _get("real_tensors")()
+
+
+@_feature(
     "grad_mode",
     "torch._C._set_grad_enabled",
     "import",

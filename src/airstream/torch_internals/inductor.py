@@ -10,6 +10,7 @@ import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import sympy  # type: ignore[import-untyped]
 import torch
 import torch.autograd.profiler
 import torch.fx
@@ -143,6 +144,24 @@ def multiple_of(size: Any, unit: Any) -> int | None:
     if isinstance(size, int) and isinstance(unit, int) and unit > 0 and size > 0:
         return size // unit if size % unit == 0 else None
     return None
+
+
+def size_at(value: Any, assigned: Mapping[Any, int]) -> int:
+    """A size's value where the symbols in ``assigned`` (sympy symbols) take the values given
+    and every other symbol its example value (no guard is installed): the sizes a split graph
+    would see at another token count. Ints come back as they are."""
+    if not isinstance(value, torch.SymInt):
+        return int(value)
+    given = {s: sympy.Integer(v) for s, v in assigned.items()}
+    expr = sympy.sympify(value.node.expr).xreplace(given)
+    env = value.node.shape_env
+    # the example values: ``backed_var_to_val`` from torch 2.13, ``var_to_val`` before
+    examples = getattr(env, "backed_var_to_val", None) or getattr(env, "var_to_val", {})
+    rest = {s: sympy.sympify(examples[s]) for s in expr.free_symbols if s in examples}
+    found = sympy.sympify(expr.xreplace(rest))
+    if not found.is_number:
+        return size_hint(value)
+    return int(found)
 
 
 def unbound_symbols(inputs: Sequence[Any], values: Sequence[Any]) -> set[Any]:

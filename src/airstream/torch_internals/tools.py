@@ -288,6 +288,26 @@ def collective_op(name: str) -> OpOverload:
 
 
 @_feature(
+    "process_group_by_name",
+    "torch.distributed.distributed_c10d._resolve_process_group(group_name)",
+    "collectives",
+    "microbatch_overlap's ranks agreeing over the process group its collectives name",
+)
+def _probe_process_group_by_name() -> Callable[[str], Any]:
+    if not torch.distributed.is_available():
+        raise RuntimeError("torch.distributed is not available in this torch build")
+    resolve: Callable[[str], Any] = _attr(
+        "torch.distributed.distributed_c10d:_resolve_process_group"
+    )
+    return resolve
+
+
+def process_group(name: str) -> Any:
+    """The process group a functional collective names (its ``group_name`` argument)."""
+    return _get("process_group_by_name")(name)
+
+
+@_feature(
     "fake_process_group",
     "torch.testing._internal.distributed.fake_pg.FakeStore",
     "testing",

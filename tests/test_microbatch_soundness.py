@@ -1,0 +1,345 @@
+"""``microbatch_overlap`` never changes a result: each class of graph it once split wrongly, or
+crashed on, is now split exactly or refused with a warning naming the op (issue 59). In one
+process on a one-rank gloo group (real collectives), the split forced (``measure_placement``
+off), each result against eager PyTorch; the ranks' agreement on 2 gloo ranks."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import airstream
+from airstream.passes.auto.microbatch import REFUSED_KEY, UNSPLIT_KEY, MicrobatchSplit
+from airstream.passes.auto.token_dims import Mixed, Positions, Rows, Stop, label_nodes
+from airstream.torch_internals import functional_collectives
+
+funcol = functional_collectives()
+
+
+@pytest.fixture
+def one_rank() -> Iterator[None]:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _sum(x: torch.Tensor) -> torch.Tensor:
+    return funcol.all_reduce(x, "sum", dist.group.WORLD)
+
+
+class _Run:
+    """A function compiled with the pass forced, called at each token count: its splits, the
+    pass's warnings, and every result checked against eager."""
+
+    def __init__(self, fn: Callable[..., Any], dynamic: bool | None, **pass_kw: Any) -> None:
+        config = airstream.CompilerConfig()
+        config.post_grad_custom_pre_pass = airstream.passes.microbatch_overlap(**pass_kw)
+        config.stream_config.measure_placement = False
+        self.backend = airstream.get_backend(config)
+        self.fn = fn
+        self.compiled = torch.compile(fn, backend=self.backend, dynamic=dynamic)
+        self.said: list[str] = []
+
+    def __call__(self, *inputs: torch.Tensor) -> _Run:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = self.compiled(*inputs)
+        self.said += [str(w.message) for w in caught if "microbatch_overlap" in str(w.message)]
+        want = self.fn(*inputs)
+        for g, w in zip(_flat(got), _flat(want), strict=True):
+            scale = max(float(w.abs().max()), 1.0) if w.numel() else 1.0
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5 * scale)
+        return self
+
+    @property
+    def splits(self) -> list[MicrobatchSplit]:
+        metas = [g.graph_module.meta for g in self.backend.graphs]
+        return [m[UNSPLIT_KEY] for m in metas if UNSPLIT_KEY in m]
+
+    @property
+    def refusals(self) -> list[str]:
+        metas = [g.graph_module.meta for g in self.backend.graphs]
+        return [m[REFUSED_KEY] for m in metas if REFUSED_KEY in m]
+
+
+def _flat(value: Any) -> list[torch.Tensor]:
+    return list(value) if isinstance(value, (tuple, list)) else [value]
+
+
+def _tokens(count: int, width: int = 8, seed: int = 0) -> torch.Tensor:
+    """``count`` tokens of ``width`` (a count other than the width: a dynamic graph given
+    ``[8, 8]`` would take both for one size)."""
+    return torch.randn(count, width, generator=torch.Generator().manual_seed(seed))
+
+
+W = torch.randn(8, 8, generator=torch.Generator().manual_seed(1))
+
+
+# --- 1. provenance: a scatter makes rows only from its own positions' rows ----------------------
+
+
+def test_a_scatter_of_a_source_that_mixes_tokens_is_refused(one_rank: None) -> None:
+    def centred(x: torch.Tensor) -> torch.Tensor:  # each row minus the mean of every token
+        back = torch.zeros_like(x).index_add(0, torch.arange(x.shape[0]), x - x.mean(0))
+        return _sum(back @ W)
+
+    run = _Run(centred, dynamic=True)(_tokens(10))(_tokens(7))
+    assert not run.splits
+    assert "'mean'" in run.said[0] and "reduces over the tokens" in run.said[0]
+
+
+def test_a_scatter_at_positions_of_another_permutation_is_refused(one_rank: None) -> None:
+    def crossed(x: torch.Tensor) -> torch.Tensor:
+        first = torch.argsort(x[:, 0], stable=True)
+        second = torch.argsort(x[:, 1], stable=True)
+        return _sum(torch.zeros_like(x).index_add(0, first, (x[second] @ W).relu()))
+
+    run = _Run(crossed, dynamic=True)(_tokens(10))
+    assert not run.splits
+    assert "index_add" in run.said[0] and "not those its index positions" in run.said[0]
+
+
+def test_positions_turned_into_values_make_no_rows(one_rank: None) -> None:
+    def collapsed(x: torch.Tensor) -> torch.Tensor:  # every token added into row 0
+        ids = torch.zeros_like(torch.arange(x.shape[0]))
+        return _sum(torch.zeros_like(x).index_add(0, ids, x @ W))
+
+    run = _Run(collapsed, dynamic=True)(_tokens(10))
+    assert not run.splits and run.said
+
+
+def test_the_moe_combine_by_its_own_sort_splits(one_rank: None) -> None:
+    def combine(x: torch.Tensor) -> torch.Tensor:
+        order = torch.argsort(x[:, 0], stable=True)
+        return _sum(torch.zeros_like(x).index_add(0, order, (x[order] @ W).relu()))
+
+    run = _Run(combine, dynamic=True)(_tokens(10))(_tokens(11))
+    assert [s.collectives for s in run.splits] == [1]
+
+
+# --- 2. the token count as a value keeps the whole batch's ----------------------------------
+
+
+def test_the_token_count_as_a_value_is_the_whole_batchs(one_rank: None) -> None:
+    def values(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        n = x.shape[0]
+        scaled = x / torch.full_like(x, n)
+        counts = torch.full((n, 1), n, dtype=x.dtype)  # n rows (a size), each holding n
+        return _sum(scaled @ W + counts), _sum(x[:, :n] * 2)
+
+    run = _Run(values, dynamic=True)(_tokens(10))(_tokens(13))(_tokens(5))
+    assert run.splits and run.splits[0].collectives == 2 and run.splits[0].merged_at == "output"
+
+
+# --- 3. no micro-batch of one token -----------------------------------------------------------
+
+
+def test_a_squeeze_keeps_the_token_dimension_of_a_small_micro_batch(one_rank: None) -> None:
+    def squeezed(x: torch.Tensor) -> torch.Tensor:
+        return _sum(x.squeeze() @ W)
+
+    wide = torch.randn(9, 1, 8)
+    run = _Run(squeezed, dynamic=True)(wide)(wide[:5])(wide[:2])(wide[:3])
+    assert run.splits  # 2 and 3 tokens ran unsplit; 5 and 9 split, and every result matched
+    static = _Run(squeezed, dynamic=False)(wide[:3])
+    assert not static.splits and static.refusals[0].startswith("left alone: 3 token(s)")
+
+
+def test_min_tokens_below_four_is_refused_at_once() -> None:
+    with pytest.raises(ValueError, match="at least 4"):
+        airstream.passes.microbatch_overlap(min_tokens=2)
+
+
+# --- 5. rules read their op's schema ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        lambda x: F.normalize(x @ W, dim=-1),
+        lambda x: (x @ W) * x.norm(dim=-1, keepdim=True),
+        lambda x: (x @ W) / torch.linalg.vector_norm(x, 2, dim=1, keepdim=True),
+        lambda x: torch.log_softmax(x @ W, -1) + torch.softmax(x, 1),
+    ],
+    ids=["normalize", "norm-dim", "vector-norm-ord", "softmaxes"],
+)
+def test_norms_and_softmaxes_split_along_a_tokens_row(one_rank: None, body: Any) -> None:
+    run = _Run(lambda x: _sum(body(x)), dynamic=True)(_tokens(10))(_tokens(9))
+    assert run.splits and run.splits[0].merged_at == "output"
+
+
+def test_a_norm_over_the_tokens_is_not_rows(one_rank: None) -> None:
+    def over_tokens(x: torch.Tensor) -> torch.Tensor:  # [T, 3, 8]: the norm over dim 0
+        return _sum(x.norm(dim=0) + x)
+
+    run = _Run(over_tokens, dynamic=False)(torch.randn(6, 3, 8))
+    assert not run.splits and "reduces over the tokens" in run.said[0]
+
+
+def test_a_training_step_through_softmax_splits_both_graphs(one_rank: None) -> None:
+    w = torch.nn.Parameter(W.clone())
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return _sum(torch.softmax(x @ w, -1) * torch.log_softmax(x, -1))
+
+    config = airstream.CompilerConfig()
+    config.post_grad_custom_pre_pass = airstream.passes.microbatch_overlap()
+    config.stream_config.measure_placement = False
+    backend = airstream.get_backend(config)
+    compiled = torch.compile(step, backend=backend, dynamic=True)
+    grads = []
+    for run in (compiled, step):
+        x = _tokens(10).requires_grad_()
+        (run(x) * torch.arange(10.0).unsqueeze(1)).sum().backward()
+        grads.append((x.grad, w.grad.clone()))
+        w.grad = None
+    for got, want in zip(*grads, strict=True):
+        torch.testing.assert_close(got, want)
+    kinds = {g.kind for g in backend.graphs if UNSPLIT_KEY in g.graph_module.meta}
+    assert kinds == {"forward", "backward"}
+
+
+# --- 6. in-place collectives, as model code calls them ----------------------------------------
+
+
+def test_in_place_all_reduces_split_every_layer(one_rank: None) -> None:
+    weights = [torch.randn(8, 8, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+
+    def megatron(x: torch.Tensor) -> torch.Tensor:
+        for w in weights:
+            h = x @ w
+            dist.all_reduce(h)  # reaches the graph as copy(h, wait_tensor(all_reduce(h)))
+            x = h.relu() + x
+        return x
+
+    run = _Run(megatron, dynamic=True)(_tokens(10))(_tokens(12))
+    (split,) = run.splits
+    assert split.collectives == split.total == 3 and split.merged_at == "output"
+
+
+def test_in_place_gather_and_scatter_split(one_rank: None) -> None:
+    def gathered(x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        dist.all_gather_into_tensor(out, (x @ W).relu())
+        back = torch.empty_like(x)
+        dist.reduce_scatter_tensor(back, out * 2)
+        return back + x
+
+    run = _Run(gathered, dynamic=True)(_tokens(10))(_tokens(13))
+    (split,) = run.splits
+    assert split.collectives == split.total == 2
+
+
+# --- a split that ends early says where and why -------------------------------------------------
+
+
+def test_an_early_merge_is_said_once_with_what_stays_exposed(one_rank: None) -> None:
+    def early(x: torch.Tensor) -> torch.Tensor:
+        h = _sum(x @ W)
+        h = h - h.mean(0)  # mixes tokens: the micro-batches merge here
+        return _sum(h @ W)
+
+    run = _Run(early, dynamic=True)(_tokens(10))
+    (split,) = run.splits
+    assert (split.collectives, split.total) == (1, 2)
+    (said,) = run.said
+    assert "1 of the graph's 2 collectives" in said and "'mean'" in said
+    report = str(airstream.explain(early, _tokens(10), compiler_config=_forced()))
+    assert "microbatch_overlap: split into 2 micro-batches: 1 of the graph's 2" in report
+
+
+def _forced() -> airstream.CompilerConfig:
+    config = airstream.CompilerConfig()
+    config.post_grad_custom_pre_pass = airstream.passes.microbatch_overlap()
+    config.stream_config.measure_placement = False
+    return config
+
+
+# --- 7. the smaller classes -------------------------------------------------------------------
+
+
+class _Shared(torch.nn.Module):
+    """Parameters of as many rows as the batch has tokens (the same every call: not rows)."""
+
+    def __init__(self, tokens: int) -> None:
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.randn(tokens, 8))
+        self.batched = torch.nn.Parameter(torch.randn(tokens, 4, 4))
+
+    def addmm(self, x: torch.Tensor) -> torch.Tensor:
+        return _sum(torch.addmm(self.bias, x, W))
+
+    def bmm(self, x: torch.Tensor) -> torch.Tensor:
+        return _sum(torch.bmm(x.view(-1, 4, 2) @ torch.ones(2, 4), self.batched).flatten(1))
+
+
+def test_a_shared_operand_spanning_the_tokens_is_refused_not_a_crash(one_rank: None) -> None:
+    shared = _Shared(6)
+    with torch.no_grad():
+        for fn, why in ((shared.addmm, "spans them"), (shared.bmm, "spans the tokens")):
+            run = _Run(fn, dynamic=False)(_tokens(6))
+            assert not run.splits and why in run.said[0], run.said
+
+
+def test_a_static_size_that_is_a_multiple_of_the_count_is_not_rescaled(one_rank: None) -> None:
+    def positions(x: torch.Tensor) -> torch.Tensor:  # arange(8) over H, T = 4
+        return _sum(x @ torch.ones(8, 8) + torch.arange(8, dtype=x.dtype))
+
+    run = _Run(positions, dynamic=False)(torch.randn(4, 8))
+    assert run.splits and run.splits[0].merged_at == "output"
+
+
+@torch.library.custom_op("airstream_mb_test::scaled", mutates_args=())
+def _scaled(x: torch.Tensor) -> torch.Tensor:
+    """An op of a library airstream does not know: it may keep state both micro-batches share."""
+    return x * 2
+
+
+@_scaled.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def test_an_assertion_and_another_librarys_op_are_not_copied_per_micro_batch() -> None:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def fn(x: torch.Tensor) -> Any:
+        torch.ops.aten._assert_async.msg((x.abs() >= 0).all(), "finite")  # impure by torch
+        return _scaled(x), x + 1
+
+    gm = make_fx(fn, tracing_mode="fake")(torch.randn(6, 8))
+    x = next(iter(gm.graph.find_nodes(op="placeholder")))
+    labels = label_nodes(gm.graph, {x: Rows(0)}, 6)
+    stops = {n.name: labels[n].why for n in gm.graph.nodes if isinstance(labels[n], Stop)}
+    assert any("assert" in name for name in stops), stops
+    assert any("another library" in why for why in stops.values()), stops
+
+
+def test_labels_of_advanced_indexing_and_sums_over_blocks() -> None:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def fn(x: torch.Tensor) -> Any:
+        table = torch.arange(3)
+        apart = x[:, table, :, table]  # [T, 3, 4, 3] -> [3, T, 4]: the indexed dims first
+        adjacent = x[:, table, table]  # [T, 3, 4, 3] -> [T, 3, 3]
+        blocks = x.unsqueeze(0).expand(2, *x.shape).reshape(2 * x.shape[0], -1)
+        summed = blocks.view(2, x.shape[0], -1).sum(0)  # over the blocks: rows again
+        return apart, adjacent, blocks, summed
+
+    gm = make_fx(fn, tracing_mode="fake")(torch.randn(6, 3, 4, 3))
+    x = next(iter(gm.graph.find_nodes(op="placeholder")))
+    labels = label_nodes(gm.graph, {x: Rows(0)}, 6)
+    out = next(iter(gm.graph.find_nodes(op="output"))).args[0]
+    apart, adjacent, blocks, summed = (labels[n] for n in out)
+    assert apart == Rows(1) and adjacent == Rows(0)
+    assert blocks == Rows(0, per=1, blocks=2) and summed == Rows(0)
+    assert isinstance(Positions("", (1, 1), (1, 1)), Positions)
+    assert not isinstance(summed, (Mixed, Stop))
