@@ -12,7 +12,6 @@ inference and training, every rank deciding the same by measuring.
 from __future__ import annotations
 
 import os
-import socket
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -20,8 +19,8 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from tests.conftest import slow
+from tests.ranks import run_ranks
 
 import airstream
 from airstream.passes.auto.microbatch import UNSPLIT_KEY, MicrobatchSplit
@@ -293,12 +292,6 @@ def test_measuring_decides_on_the_times_the_ranks_agree_on() -> None:
 # --- gloo ranks ---------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _tp(rank: int, world: int, train: bool) -> Any:
     from airstream.bench.tp import TPModel
 
@@ -392,41 +385,8 @@ def _case(rank: int, world: int, models: tuple[str, ...], train: bool, mode: str
     return out
 
 
-def _worker(rank: int, world: int, port: int, args: tuple[Any, ...], results: Any) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        results.put((rank, _case(rank, world, *args), None))
-    except BaseException as exc:  # reported to the test, which fails with it
-        results.put((rank, None, repr(exc)))
-    finally:
-        dist.destroy_process_group()
-
-
 def _run(world: int, *args: Any) -> dict[int, Any]:
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [
-        ctx.Process(target=_worker, args=(r, world, port, args, results)) for r in range(world)
-    ]
-    for p in procs:
-        p.start()
-    out = {}
-    try:
-        for _ in range(world):
-            rank, got, error = results.get(timeout=TIMEOUT_S)
-            if error is not None:
-                raise AssertionError(f"rank {rank} failed: {error}")
-            out[rank] = got
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-    return out
+    return run_ranks(world, _case, *args, timeout_s=TIMEOUT_S)
 
 
 def _check(got: dict[int, Any], world: int, models: tuple[str, ...], train: bool) -> None:

@@ -5,6 +5,7 @@ off), each result against eager PyTorch; the ranks' agreement on 2 gloo ranks.""
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -343,3 +344,61 @@ def test_labels_of_advanced_indexing_and_sums_over_blocks() -> None:
     assert blocks == Rows(0, per=1, blocks=2) and summed == Rows(0)
     assert isinstance(Positions("", (1, 1), (1, 1)), Positions)
     assert not isinstance(summed, (Mixed, Stop))
+
+
+# --- 4. every rank agrees, over the graph's own process group ---------------------------------
+
+
+def _subgroup_case(rank: int, world: int) -> dict[str, Any]:
+    """Ranks 0 and 1 run tensor-parallel graphs on their own group; rank 2 never compiles one
+    (a rank of another pipeline stage). First a graph the two would split differently (rank 1's
+    min_tokens is above the batch), then one both split, measured: every agreement runs over
+    the group {0, 1} alone, or rank 0 and 1 would wait for rank 2 forever."""
+    os.environ["AIRSTREAM_MODE"] = "reduce-overhead"
+    group = dist.new_group([0, 1])
+    out: dict[str, Any] = {}
+    if rank < 2:
+        w = torch.randn(8, 8, generator=torch.Generator().manual_seed(3))
+
+        def layer(x: torch.Tensor) -> torch.Tensor:
+            return funcol.all_reduce((x @ w).relu(), "sum", group) + x
+
+        x = torch.randn(12, 8, generator=torch.Generator().manual_seed(rank))
+        for name, min_tokens, measure in (
+            ("differ", 4 if rank == 0 else 16, False),
+            ("agree", 4, "auto"),
+        ):
+            config = airstream.CompilerConfig()
+            config.post_grad_custom_pre_pass = airstream.passes.microbatch_overlap(
+                min_tokens=min_tokens
+            )
+            config.stream_config.measure_placement = measure
+            backend = airstream.get_backend(config)
+            compiled = torch.compile(layer, backend=backend, dynamic=False)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for _ in range(2 * 2 * 8 * 3):  # enough calls for measuring to decide
+                    got = compiled(x)
+            graph = backend.graphs[-1]
+            out[name] = {
+                "split": UNSPLIT_KEY in graph.graph_module.meta,
+                "said": [str(c.message) for c in caught if "microbatch" in str(c.message)],
+                "error": float((got - layer(x)).abs().max()),
+                "chosen": graph.measurement.chosen if graph.measurement else None,
+            }
+    dist.barrier()
+    return out
+
+
+@pytest.mark.distributed
+def test_ranks_agree_over_their_own_group_and_refuse_together() -> None:
+    from tests.ranks import run_ranks
+
+    got = run_ranks(3, _subgroup_case)
+    assert got[2] == {}
+    for rank in (0, 1):
+        differ, agree = got[rank]["differ"], got[rank]["agree"]
+        assert not differ["split"] and differ["error"] < 1e-5
+        assert "did not all reach the same split" in " ".join(differ["said"]), differ
+        assert agree["split"] and agree["error"] < 1e-5
+    assert got[0]["agree"]["chosen"] == got[1]["agree"]["chosen"] is not None
