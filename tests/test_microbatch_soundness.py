@@ -298,6 +298,23 @@ def test_a_static_size_that_is_a_multiple_of_the_count_is_not_rescaled(one_rank:
     assert run.splits and run.splits[0].merged_at == "output"
 
 
+def test_an_unbacked_count_of_none_or_one_token_runs_unsplit(one_rank: None) -> None:
+    """Blocks of rows (each token sent to two ranks) gathered and scattered back: the blocks
+    merge with their sizes spelt out, and counts of 0 or 1 token never reach the split."""
+
+    def blocks(x: torch.Tensor) -> torch.Tensor:
+        sent = x.unsqueeze(0).expand(2, *x.shape).reshape(2 * x.shape[0], 8)
+        gathered = funcol.all_gather_tensor(sent @ W, 0, dist.group.WORLD)
+        return funcol.reduce_scatter_tensor(gathered, "sum", 0, dist.group.WORLD)
+
+    run = _Run(blocks, dynamic=None)
+    for count in (10, 1, 0, 3, 7):
+        x = _tokens(count)
+        torch._dynamo.decorators.mark_unbacked(x, 0)
+        run(x)
+    assert [s.collectives for s in run.splits] == [2]
+
+
 @torch.library.custom_op("airstream_mb_test::scaled", mutates_args=())
 def _scaled(x: torch.Tensor) -> torch.Tensor:
     """An op of a library airstream does not know: it may keep state both micro-batches share."""

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.effects import effects
+from airstream.effects import Effects, effects
 from airstream.nodes import bound_arguments, describe
 from airstream.passes.auto.token_gathers import COLLECTIVE_RULES, GATHER_RULES
 from airstream.passes.auto.token_labels import (
@@ -198,9 +198,17 @@ def _label(node: torch.fx.Node, ctx: Context) -> Label:
         return factory(node, bound_arguments(node), ctx)
     if all(lab is None or lab == SCALAR for lab in ins):
         return None  # sizes are values here: each micro-batch uses the whole batch's
-    stop = _effect_stop(node)
+    found = effects(node)
+    stop = _effect_stop(found)
     if stop is not None:
         return stop
+    if found.allocates:  # ``empty_like``, ``new_empty``: a buffer of as many rows, to fill
+        lab = ctx.of(node.args[0]) if node.args else None
+        return (
+            dataclasses.replace(lab, fresh=True)
+            if isinstance(lab, Rows)
+            else Mixed("a buffer laid out as values that are not rows")
+        )
     mixed = next((lab for lab in ins if isinstance(lab, Mixed)), None)
     if mixed is not None:
         return mixed
@@ -214,9 +222,8 @@ def _label(node: torch.fx.Node, ctx: Context) -> Label:
     return rule(node, bound_arguments(node), ctx)
 
 
-def _effect_stop(node: torch.fx.Node) -> Stop | None:
+def _effect_stop(found: Effects) -> Stop | None:
     """Why an op that depends on the tokens must not run once per micro-batch, if it must not."""
-    found = effects(node)
     if found.collective or found.collective_wait:
         return None  # issued in one order on every rank (the rebuild keeps a's before b's)
     if found.host_sync:

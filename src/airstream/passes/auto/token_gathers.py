@@ -12,7 +12,15 @@ import torch
 import torch.fx
 
 from airstream.passes.auto.token_labels import Label, Mixed, Positions, Rows, Stop, matches
-from airstream.passes.auto.token_rules import Context, Rule, elementwise, shape, unary
+from airstream.passes.auto.token_rules import (
+    Context,
+    Rule,
+    elementwise,
+    same_shape,
+    same_size,
+    shape,
+    unary,
+)
 from airstream.torch_internals import multiple_of
 
 __all__ = ["COLLECTIVE_RULES", "GATHER_RULES"]
@@ -126,7 +134,7 @@ def index_add(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
 def scatter_add(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
     src, ids = shape(a["self"]), a["index"]
     dim = int(a["dim"]) % len(src) if src else 0
-    if isinstance(ctx.of(ids), Positions) and shape(ids) != shape(a["src"]):
+    if isinstance(ctx.of(ids), Positions) and not same_shape(shape(ids), shape(a["src"])):
         return Mixed("a scatter_add whose index is not the source's shape")
     return _combined(ctx.of(a["self"]), dim, ctx.of(ids), ctx.of(a["src"]), "scatter_add")
 
@@ -162,7 +170,7 @@ def matmul(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
     if lab is None:
         size = shape(bias) or ()
         at = product.dim - (len(out or ()) - len(size))
-        spans = 0 <= at < len(size) and size[at] != 1
+        spans = 0 <= at < len(size) and not same_size(size[at], 1)
         return Mixed("a bias that does not depend on the tokens spans them") if spans else product
     return (
         product if isinstance(lab, Rows) and matches(lab, product) else Mixed("a bias mixing rows")
@@ -216,18 +224,22 @@ def _same_size(a: Any, b: Any) -> bool:
 
 
 def all_gather(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
+    """Every rank's value in turn along dimension 0: each rank's runs of rows become as many
+    blocks more (another dimension's rows stay rows)."""
     lab, size = _rows_in_order(ctx.of(a["input"])), a["group_size"]
-    if lab is not None and lab.dim == 0 and lab.blocks == 1 and isinstance(size, int):
-        return Rows(0, lab.per, size, lab.fresh)  # each rank's rows in turn
+    if lab is not None and lab.dim == 0 and isinstance(size, int):
+        return Rows(0, lab.per, lab.blocks * size, lab.fresh)
     if lab is not None and lab.dim > 0:
         return lab
     return Mixed("an all_gather of values that are not rows")
 
 
 def reduce_scatter(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
+    """The sum over ranks, cut along dimension 0 into one part per rank: rows where the blocks
+    divide among the ranks (each part holds its share of them)."""
     lab, size = _rows_in_order(ctx.of(a["input"])), a["group_size"]
-    if lab is not None and lab.dim == 0 and lab.blocks == size:
-        return Rows(0, lab.per, 1, lab.fresh)  # this rank's block of the summed rows
+    if lab is not None and lab.dim == 0 and isinstance(size, int) and lab.blocks % size == 0:
+        return Rows(0, lab.per, lab.blocks // size, lab.fresh)
     if lab is not None and lab.dim > 0:
         return lab
     return Mixed("a reduce_scatter over the token dimension")

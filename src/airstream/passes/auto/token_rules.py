@@ -28,7 +28,16 @@ from airstream.passes.auto.token_labels import (
 )
 from airstream.torch_internals import multiple_of
 
-__all__ = ["Context", "Rule", "VIEW_RULES", "rows_of_size", "shape", "unary"]
+__all__ = [
+    "Context",
+    "Rule",
+    "VIEW_RULES",
+    "rows_of_size",
+    "same_shape",
+    "same_size",
+    "shape",
+    "unary",
+]
 
 aten = torch.ops.aten
 
@@ -61,6 +70,22 @@ def shape(value: Any) -> tuple[Any, ...] | None:
     """A node's tensor shape (from its ``val``), else None."""
     val = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
     return tuple(val.shape) if isinstance(val, torch.Tensor) else None
+
+
+def same_size(a: Any, b: Any) -> bool:
+    """Whether two sizes are the same, without a guard (a symbolic size is the same only as the
+    same expression; an unbacked one may not even be compared)."""
+    if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt):
+        if not (isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt)):
+            return False
+        return bool(a.node.expr == b.node.expr)
+    return bool(a == b)
+
+
+def same_shape(a: Sequence[Any] | None, b: Sequence[Any] | None) -> bool:
+    if a is None or b is None or len(a) != len(b):
+        return False
+    return all(same_size(x, y) for x, y in zip(a, b, strict=True))
 
 
 def _dim(dim: Any, ndim: int) -> int:
@@ -100,7 +125,7 @@ def elementwise(
         here = lab.moved(lab.dim + len(out) - len(size))
         if found is not None and not matches(found, here):
             return Mixed("it combines rows of tokens laid out differently")
-        if size[lab.dim] != out[here.dim]:
+        if not same_size(size[lab.dim], out[here.dim]):
             return Mixed("it broadcasts a token's rows")
         found = here if found is None else joined(found, here)
     if found is None:
@@ -109,7 +134,7 @@ def elementwise(
         size = shape(value)
         if ctx.of(value) in (None, SCALAR) and size is not None:
             at = found.dim - (len(out) - len(size))
-            if 0 <= at < len(size) and size[at] != 1:
+            if 0 <= at < len(size) and not same_size(size[at], 1):
                 return Mixed("a tensor that does not depend on the tokens spans their dimension")
     return found
 
@@ -135,12 +160,12 @@ def view(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
     if src is None or out is None:
         return Mixed("a view of values that are not tensors")
     if isinstance(lab, Positions):
-        if out and src and out[0] == src[0]:
+        if out and src and same_size(out[0], src[0]):
             return lab  # each row's positions stay in its row
         return Mixed("a view of positions across rows")
     if not isinstance(lab, Rows):
         return Mixed("a view of values that are not rows")
-    if len(out) > lab.dim and tuple(src[: lab.dim + 1]) == tuple(out[: lab.dim + 1]):
+    if len(out) > lab.dim and same_shape(src[: lab.dim + 1], out[: lab.dim + 1]):
         return lab  # only the dimensions after the token's change
     outer, inner = _outer(src[: lab.dim]), _outer(src[lab.dim + 1 :])
     if outer is None or inner is None:
@@ -217,9 +242,11 @@ def expand(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
     if src is None or out is None or not isinstance(lab, (Rows, Positions)):
         return Mixed("an expand of values that are not rows")
     if isinstance(lab, Positions):
-        return lab if len(out) == len(src) and out[0] == src[0] else Mixed("positions expanded")
+        kept = len(out) == len(src) and same_size(out[0], src[0])
+        return lab if kept else Mixed("positions expanded")
     here = lab.moved(lab.dim + len(out) - len(src))
-    return here if src[lab.dim] == out[here.dim] else Mixed("it broadcasts a token's rows")
+    kept = same_size(src[lab.dim], out[here.dim])
+    return here if kept else Mixed("it broadcasts a token's rows")
 
 
 def along(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
@@ -400,7 +427,12 @@ def slice_scatter(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label
         src = src.moved(src.dim + (1 if _dim(a["dim"], len(out)) <= src.dim else 0))
     if src is None or (isinstance(src, Rows) and matches(lab, src)):
         size = shape(a["src"])
-        spans = src is None and size is not None and len(size) == len(out) and size[lab.dim] != 1
+        spans = (
+            src is None
+            and size is not None
+            and len(size) == len(out)
+            and not same_size(size[lab.dim], 1)
+        )
         return Mixed("a shared slice spans the tokens") if spans else lab
     return Mixed("a slice of other rows written")
 
