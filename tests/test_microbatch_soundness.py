@@ -126,6 +126,58 @@ def test_the_moe_combine_by_its_own_sort_splits(one_rank: None) -> None:
     assert [s.collectives for s in run.splits] == [1]
 
 
+def _scatter_by_a_small_shared_index(x: torch.Tensor) -> torch.Tensor:
+    return _sum(x.scatter_add(1, torch.zeros(2, 8, dtype=torch.long), x * 2))  # rows 0, 1 only
+
+
+def _sorted_rows_written_into_zeros(x: torch.Tensor) -> torch.Tensor:
+    order = torch.argsort(x[:, 0], stable=True)
+    buf = torch.slice_scatter(x.new_zeros(x.shape[0], 8), x[order], dim=1)  # holds sorted rows
+    return _sum(buf + x)
+
+
+def _blocks_through_a_zero_product(x: torch.Tensor) -> torch.Tensor:
+    blocks = torch.cat([x[None], (x * 2)[None]]).view(2 * x.shape[0], 8)
+    product = torch.addmm(blocks[:, :4], x.new_zeros(2 * x.shape[0], 8), W[:, :4])
+    return _sum(product + x.reshape(2 * x.shape[0], 4))  # blocks beside rows two per token
+
+
+def _positions_cast_narrow(x: torch.Tensor) -> torch.Tensor:
+    return _sum(x[torch.arange(x.shape[0]).to(torch.int8).long()] * 2)  # wraps past 127
+
+
+def _an_unread_collective_of_another_tokens_row(x: torch.Tensor) -> torch.Tensor:
+    last = x[torch.full((1,), x.shape[0] - 1)]
+    dist.all_reduce(last)  # never read: its micro-batch copies would index past their rows
+    return _sum(x * 2)
+
+
+@pytest.mark.parametrize(
+    "fn, counts",
+    [
+        (_scatter_by_a_small_shared_index, (10, 7)),
+        (_sorted_rows_written_into_zeros, (10, 7)),
+        (_blocks_through_a_zero_product, (10, 7)),
+        (_positions_cast_narrow, (200, 201)),
+        (_an_unread_collective_of_another_tokens_row, (10, 7)),
+    ],
+    ids=[
+        "scatter-small-index",
+        "sorted-into-zeros",
+        "blocks-zero-product",
+        "positions-int8",
+        "unread-collective",
+    ],
+)
+def test_what_a_review_found_is_exact(one_rank: None, fn: Any, counts: tuple[int, ...]) -> None:
+    """A reviewer's counterexamples (wrong results without a word, and a crash): each now exact,
+    split or not, in a dynamic and a static graph."""
+    for dynamic in (True, False):
+        run = _Run(fn, dynamic=dynamic)
+        for count in counts:
+            run(_tokens(count))
+
+
 # --- 2. the token count as a value keeps the whole batch's ----------------------------------
 
 
@@ -419,3 +471,16 @@ def test_ranks_agree_over_their_own_group_and_refuse_together() -> None:
         assert "did not all reach the same split" in " ".join(differ["said"]), differ
         assert agree["split"] and agree["error"] < 1e-5
     assert got[0]["agree"]["chosen"] == got[1]["agree"]["chosen"] is not None
+
+
+def test_stack_pad_and_a_per_token_pick_keep_rows(one_rank: None) -> None:
+    def rope_and_pick(x: torch.Tensor) -> torch.Tensor:
+        half = x.view(x.shape[0], 4, 2)
+        rotated = torch.stack([-half[..., 1], half[..., 0]], -1).flatten(1)  # RoPE's rotation
+        padded = F.pad(rotated, (0, 2))  # [T, 10]: the hidden dimension padded
+        ids = torch.argmax(x, -1)
+        picked = padded[torch.arange(x.shape[0]), ids]  # each token's own column
+        return _sum(padded[:, :8] @ W + picked.unsqueeze(1))
+
+    run = _Run(rope_and_pick, dynamic=True)(_tokens(10))(_tokens(7))
+    assert run.splits and run.splits[0].merged_at == "output"

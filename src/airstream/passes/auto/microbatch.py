@@ -169,7 +169,18 @@ def _plan(gm: torch.fx.GraphModule, min_tokens: int) -> _Plan | str:
     tokens = find_tokens(gm)
     if isinstance(tokens.count, int) and tokens.count < min_tokens:
         return f"left alone: {tokens.count} token(s), fewer than min_tokens={min_tokens}"
-    region = find_region(graph, tokens)
+    refusal: Refused | None = None
+    for region in find_region(graph, tokens):  # the best first; the next where it fails
+        try:
+            return _split_by(gm, tokens, region)
+        except Refused as exc:
+            refusal = refusal or exc
+    assert refusal is not None
+    raise refusal
+
+
+def _split_by(gm: torch.fx.GraphModule, tokens: Tokens, region: Region) -> _Plan:
+    graph = gm.graph
     collectives = [n for n in graph.nodes if n in region.nodes and effects(n).collective]
     if not collectives:
         first = next(n for n in graph.nodes if effects(n).collective)

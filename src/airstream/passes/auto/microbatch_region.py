@@ -101,28 +101,28 @@ def _rows_of_input(val: torch.Tensor, tokens: Any) -> Rows | None:
     return None
 
 
-def find_region(graph: torch.fx.Graph, tokens: Tokens) -> Region:
-    """The labels and region splitting the most collectives (then ops). Any labelling of the
-    inputs is sound (an input taken for rows is sliced, and every rule claims rows only where
-    each row depends on its own rows of every input; one not taken is shared whole), so a static
-    graph, whose sizes cannot tell a token's rows from a weight's that happens to be a multiple
-    of the count, tries the inputs of one row per token alone too, and its factories of such
-    sizes as rows and as shared (:func:`~airstream.passes.auto.token_rules.factory`)."""
+def find_region(graph: torch.fx.Graph, tokens: Tokens) -> list[Region]:
+    """The labellings' regions, the one splitting the most collectives (then ops) first. Any
+    labelling of the inputs is sound (an input taken for rows is sliced, and every rule claims
+    rows only where each row depends on its own rows of every input; one not taken is shared
+    whole), so a static graph, whose sizes cannot tell a token's rows from a weight's that
+    happens to be a multiple of the count, tries the inputs of one row per token alone too, and
+    its factories of such sizes as rows and as shared
+    (:func:`~airstream.passes.auto.token_rules.factory`)."""
     tries = [(tokens.sources, True)]
     if not isinstance(tokens.count, torch.SymInt):
         single = {
             n: lab for n, lab in tokens.sources.items() if not isinstance(lab, Rows) or lab.per == 1
         }
         tries = [(tokens.sources, True), (tokens.sources, False), (single, True), (single, False)]
-    best = None
+    found: list[tuple[tuple[int, int], int, Region]] = []
     for tried, factory_rows in tries:
         labels = label_nodes(graph, tried, tokens.count, factory_rows)
         nodes, why = _region(graph, labels)
         score = (sum(1 for n in nodes if effects(n).collective), len(nodes))
-        if best is None or score > best[0]:
-            best = (score, Region(labels, nodes, why))
-    assert best is not None
-    return best[1]
+        found.append((score, -len(found), Region(labels, nodes, why)))
+    found.sort(key=lambda f: f[:2], reverse=True)
+    return [region for _, _, region in found]
 
 
 def _region(
@@ -147,7 +147,10 @@ def _region(
                 continue
             lab = labels[node]
             reason = None
-            if any(u not in region for u in node.users) and not mergeable(node, lab):
+            # a value no op reads is kept only if it joins back: a collective of a mixed value
+            # run per micro-batch would compute what the whole batch does not
+            leaves = not node.users or any(u not in region for u in node.users)
+            if leaves and not mergeable(node, lab):
                 reason = f"it depends on a value that is not indexed by tokens: {_what(lab)}"
             late = [a for a in node.all_input_nodes if a not in region and _after(a, region)]
             if late:

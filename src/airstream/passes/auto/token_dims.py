@@ -212,7 +212,7 @@ def _label(node: torch.fx.Node, ctx: Context) -> Label:
     mixed = next((lab for lab in ins if isinstance(lab, Mixed)), None)
     if mixed is not None:
         return mixed
-    if target not in _TAKES_POSITIONS and any(isinstance(lab, Positions) for lab in ins):
+    if any(isinstance(lab, Positions) for lab in ins) and not _keeps_positions(node):
         return Mixed("positions within the micro-batch used as values")
     rule = _RULES.get(target) or COLLECTIVE_RULES.get(collective_op_name(target) or "")
     if rule is None and isinstance(target, OpOverload) and torch.Tag.pointwise in target.tags:
@@ -220,6 +220,16 @@ def _label(node: torch.fx.Node, ctx: Context) -> Label:
     if rule is None:
         return Mixed(f"no token rule for {target}")
     return rule(node, bound_arguments(node), ctx)
+
+
+def _keeps_positions(node: torch.fx.Node) -> bool:
+    """Whether ``node`` may take positions: it indexes rows by them, or keeps their values (a
+    cast keeps them only to a wide enough integer type)."""
+    if node.target not in _TAKES_POSITIONS:
+        return False
+    if node.target is aten._to_copy.default:
+        return node.kwargs.get("dtype") in (None, torch.int64, torch.int32)
+    return True
 
 
 def _effect_stop(found: Effects) -> Stop | None:

@@ -11,7 +11,15 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.passes.auto.token_labels import Label, Mixed, Positions, Rows, Stop, matches
+from airstream.passes.auto.token_labels import (
+    Label,
+    Mixed,
+    Positions,
+    Rows,
+    Stop,
+    joined,
+    matches,
+)
 from airstream.passes.auto.token_rules import (
     Context,
     Rule,
@@ -51,6 +59,8 @@ def index(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
     given = [(i, ctx.of(t)) for i, t in enumerate(indices) if t is not None]
     if len(given) == 1 and given[0][0] == 0 and isinstance(given[0][1], Positions):
         return _gathered(lab, given[0][1])
+    if _picked_per_row(lab, given, indices):
+        return lab
     if any(isinstance(g, (Positions, Mixed)) for _, g in given):
         return Mixed("rows gathered by indices that are not rows")
     if lab is None and len(given) == 1 and given[0][0] == 0 and isinstance(given[0][1], Rows):
@@ -66,6 +76,22 @@ def index(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
         return lab if lab.dim < places[0] else lab.moved(lab.dim + width - len(places))
     # apart: the indexed dimensions go first, the others keep their order after them
     return lab.moved(width + sum(1 for d in range(lab.dim) if d not in places))
+
+
+def _picked_per_row(lab: Label, given: list[tuple[int, Label]], indices: list[Any]) -> bool:
+    """``x[arange(T), ids]``: row ``j`` of ``x`` at the places row ``j`` of ``ids`` says (the
+    first index the micro-batch's own positions in order, the others rows alike)."""
+    if not isinstance(lab, Rows) or lab.dim != 0 or not lab.whole or len(given) < 2:
+        return False
+    first = given[0][1]
+    if [i for i, _ in given] != list(range(len(given))) or not isinstance(first, Positions):
+        return False
+    if first.base or first.fine != lab.layout or first.of != lab.layout:
+        return False
+    return all(
+        isinstance(g, Rows) and g == Rows(0, *lab.layout) and len(shape(indices[i]) or ()) == 1
+        for i, g in given[1:]
+    )
 
 
 def index_select(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
@@ -99,11 +125,15 @@ def embedding(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
     return Mixed("an embedding looked up by values that are not rows")
 
 
-def _combined(buffer: Label, dim: int, ids: Label, source: Label, op: str) -> Label:
+def _combined(
+    buffer: Label, dim: int, ids: Label, source: Label, op: str, shared_index: bool = True
+) -> Label:
     """A scatter-add of ``source`` into ``buffer`` along ``dim`` at ``ids``: rows where the buffer
     is rows along ``dim``, the index positions into them, and the source's rows stand for the
     same permutation of the same rows as the index's (each token's rows all summed into its
-    own row); or where index and source are shared/rows along another dimension."""
+    own row); or, along another dimension, where the source's rows are the buffer's and the
+    index is shared (``shared_index``: the op indexes whole rows, ``index_add``) or rows alike
+    (``scatter_add``, whose index says which rows it touches)."""
     if not isinstance(buffer, Rows) or buffer.by:
         return Mixed(f"{op} into a buffer that is not rows")
     if isinstance(ids, Positions):
@@ -117,8 +147,9 @@ def _combined(buffer: Label, dim: int, ids: Label, source: Label, op: str) -> La
             f"{op} adds into token rows from a source whose rows are not those its index "
             "positions (each source row must be computed from the row it is added back to)"
         )
-    if buffer.dim != dim and ids is None and isinstance(source, Rows) and matches(buffer, source):
-        return buffer
+    indexed = (ids is None and shared_index) or (isinstance(ids, Rows) and matches(buffer, ids))
+    if buffer.dim != dim and indexed and isinstance(source, Rows) and matches(buffer, source):
+        return joined(buffer, source)
     return Stop(
         f"{op} adds into token rows at indices that are not the micro-batch's own positions "
         "(from an arange over its rows, or a sort's indices)"
@@ -136,7 +167,8 @@ def scatter_add(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
     dim = int(a["dim"]) % len(src) if src else 0
     if isinstance(ctx.of(ids), Positions) and not same_shape(shape(ids), shape(a["src"])):
         return Mixed("a scatter_add whose index is not the source's shape")
-    return _combined(ctx.of(a["self"]), dim, ctx.of(ids), ctx.of(a["src"]), "scatter_add")
+    lab, source = ctx.of(a["self"]), ctx.of(a["src"])
+    return _combined(lab, dim, ctx.of(ids), source, "scatter_add", shared_index=False)
 
 
 def index_put(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
@@ -172,9 +204,9 @@ def matmul(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
         at = product.dim - (len(out or ()) - len(size))
         spans = 0 <= at < len(size) and not same_size(size[at], 1)
         return Mixed("a bias that does not depend on the tokens spans them") if spans else product
-    return (
-        product if isinstance(lab, Rows) and matches(lab, product) else Mixed("a bias mixing rows")
-    )
+    if isinstance(lab, Rows) and matches(lab, product):
+        return joined(product, lab)
+    return Mixed("a bias mixing rows")
 
 
 def bmm(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:

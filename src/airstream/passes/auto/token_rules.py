@@ -379,9 +379,7 @@ def sliced(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
         if node.target is aten.select.int and isinstance(lab, Rows):
             return lab.moved(lab.dim - (1 if dim < lab.dim else 0))
         return lab
-    whole = node.target is aten.slice.Tensor and a.get("start") in (None, 0) and a["step"] == 1
-    end = a.get("end")
-    if whole and (end is None or _at_least(end, src[dim])):
+    if node.target is aten.slice.Tensor and _whole_slice(a, src[dim]):
         return lab
     return Mixed("a slice of the token dimension")
 
@@ -416,25 +414,57 @@ def cat(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
     return Mixed("a concatenation mixing rows")
 
 
+def stack(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
+    """Rows alike stacked along a new dimension: still each token's own."""
+    parts = [ctx.of(p) for p in a["tensors"]]
+    out = shape(node)
+    if not out or not parts or not all(isinstance(p, Rows) and p == parts[0] for p in parts):
+        return Mixed("a stack mixing rows")
+    lab = parts[0]
+    assert isinstance(lab, Rows)
+    dim = _dim(a["dim"], len(out))
+    return lab.moved(lab.dim + (1 if dim <= lab.dim else 0))
+
+
+def pad(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
+    """``constant_pad_nd``: rows where the token dimension is not padded."""
+    lab, src = ctx.of(a["self"]), shape(a["self"])
+    if src is None or not isinstance(lab, Rows):
+        return Mixed("a pad of values that are not rows")
+    widths = list(a["pad"])
+    at = 2 * (len(src) - 1 - lab.dim)  # pairs from the last dimension backwards
+    if at < len(widths) and any(not same_size(w, 0) for w in widths[at : at + 2]):
+        return Mixed("it pads the token dimension")
+    return lab
+
+
 def slice_scatter(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
-    """``slice_scatter``/``select_scatter`` into another dimension: rows where both are."""
+    """``slice_scatter``/``select_scatter`` into another dimension: rows where both are (the
+    result holds the source's rows: a fresh buffer takes their layout); over the whole token
+    dimension (``y[:, :4] = v`` in a dynamic graph), the same."""
     lab, src, out = ctx.of(a["self"]), ctx.of(a["src"]), shape(node)
     if out is None or not isinstance(lab, Rows):
         return Mixed("a slice written into values that are not rows")
-    if _dim(a["dim"], len(out)) == lab.dim:
-        return Mixed("a slice of the token dimension written")
+    dim = _dim(a["dim"], len(out))
     if node.target is aten.select_scatter.default and isinstance(src, Rows):
-        src = src.moved(src.dim + (1 if _dim(a["dim"], len(out)) <= src.dim else 0))
-    if src is None or (isinstance(src, Rows) and matches(lab, src)):
-        size = shape(a["src"])
-        spans = (
-            src is None
-            and size is not None
-            and len(size) == len(out)
-            and not same_size(size[lab.dim], 1)
-        )
+        src = src.moved(src.dim + (1 if dim <= src.dim else 0))
+    if dim == lab.dim and not _whole_slice(a, out[dim]):
+        return Mixed("a slice of the token dimension written")
+    if isinstance(src, Rows) and matches(lab, src):
+        return joined(lab, src)
+    size = shape(a["src"])
+    if src is None and size is not None and dim != lab.dim:
+        spans = len(size) == len(out) and not same_size(size[lab.dim], 1)
         return Mixed("a shared slice spans the tokens") if spans else lab
     return Mixed("a slice of other rows written")
+
+
+def _whole_slice(a: dict[str, Any], size: Any) -> bool:
+    """A slice's arguments that keep a dimension of ``size`` whole."""
+    if "step" not in a or a["step"] != 1 or a.get("start") not in (None, 0):
+        return False
+    end = a.get("end")
+    return end is None or _at_least(end, size)
 
 
 VIEW_RULES: dict[Any, Rule] = {
@@ -455,6 +485,8 @@ VIEW_RULES: dict[Any, Rule] = {
     aten.split_with_sizes.default: split,
     aten.unbind.int: split,
     aten.cat.default: cat,
+    aten.stack.default: stack,
+    aten.constant_pad_nd.default: pad,
     aten.slice_scatter.default: slice_scatter,
     aten.select_scatter.default: slice_scatter,
     aten.native_layer_norm.default: layer_norm,
