@@ -70,7 +70,11 @@ def test_help_says_what_it_does_with_examples_that_parse(
 def test_selftest_help_describes_each_suite(capsys: pytest.CaptureFixture[str]) -> None:
     description = _sections(_help(["selftest"], capsys))["description"]
     described = {m.group(1) for line in description if (m := re.match(r"  (\w+)  +\S", line))}
-    assert set(_choices("selftest", "suite")) == described == {"fuzz", "opinfo", "models"}
+    assert (
+        set(_choices("selftest", "suite"))
+        == described
+        == {"fuzz", "microbatch", "opinfo", "models"}
+    )
 
 
 def test_bench_help_describes_each_benchmark(capsys: pytest.CaptureFixture[str]) -> None:

@@ -83,11 +83,15 @@ def _add_selftest(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     selftest = _command(
         sub,
         "selftest",
-        "run the fuzzer, the OpInfo sweep or the transformers model suite",
+        "run the fuzzers, the OpInfo sweep or the transformers model suite",
         "Check airstream against references and print a report. SUITE is one of:\n"
         "  fuzz    random stream programs run through the runtimes and compared with a serial\n"
         "          run (--mode max-autotune: Inductor segments against aten); broken programs\n"
         "          must raise StreamError\n"
+        "  microbatch  random graphs with collectives through microbatch_overlap, forced on a\n"
+        "          gloo group of --ranks ranks, static and dynamic, inference and training,\n"
+        "          against eager PyTorch: every graph split with equal results (and\n"
+        "          gradients) or refused with a named op; exit status 1 on a mismatch or crash\n"
         "  opinfo  every op of torch's OpInfo database through airstream's configurations\n"
         "  models  transformers architectures (random weights) through every configuration,\n"
         "          compared with eager, aot_eager the referee (needs `pip install\n"
@@ -98,6 +102,8 @@ def _add_selftest(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         [
             "airstream selftest fuzz --cases 10000 --seed 2026",
             "airstream selftest fuzz --mode max-autotune --cases 100",
+            "airstream selftest microbatch --graphs 10000 --seed 0",
+            "airstream selftest microbatch --graphs 200 --ranks 2",
             "airstream selftest opinfo --ops add,mm --no-inductor",
             "airstream selftest models --archs llama --json",
             "airstream selftest models --configs auto_forced,training/auto_forced",
@@ -106,19 +112,30 @@ def _add_selftest(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     selftest.add_argument(
         "suite",
         metavar="SUITE",
-        choices=["fuzz", "opinfo", "models"],
-        help="fuzz, opinfo or models",
+        choices=["fuzz", "microbatch", "opinfo", "models"],
+        help="fuzz, microbatch, opinfo or models",
     )
     selftest.add_argument("--cases", type=int, default=1000, help="fuzz: programs (default 1000)")
-    selftest.add_argument("--seed", type=int, default=0, help="fuzz: seed (default 0)")
+    selftest.add_argument(
+        "--graphs", type=int, default=1000, help="microbatch: graphs (default 1000)"
+    )
+    selftest.add_argument(
+        "--ranks",
+        type=int,
+        choices=[1, 2],
+        default=1,
+        help="microbatch: gloo ranks (1: in this process; 2: spawned on localhost)",
+    )
+    selftest.add_argument("--seed", type=int, default=0, help="fuzz, microbatch: seed (default 0)")
     selftest.add_argument("--runs", type=int, default=2, help="fuzz: runs per program")
     selftest.add_argument(
         "--mode",
         choices=["default", "reduce-overhead", "max-autotune"],
         default=None,
         help="fuzz: max-autotune compiles each program's segments with Inductor and compares "
-        "with the aten path (default reduce-overhead); models: the mode every case compiles in "
-        "(default: default, what torch.compile users get: Inductor segments on CPU)",
+        "with the aten path (default reduce-overhead); microbatch: the mode every graph "
+        "compiles in (default reduce-overhead; default: Inductor segments on CPU); models: the "
+        "mode every case compiles in (default: default, what torch.compile users get)",
     )
     selftest.add_argument("--ops", default="", help="opinfo: comma-separated op names (all)")
     selftest.add_argument(

@@ -13,6 +13,8 @@ def run_selftest(args: argparse.Namespace) -> int:
     """Run the suite ``args.suite`` names; print its report (``--json``: as JSON)."""
     if args.suite == "fuzz":
         return _fuzz(args)
+    if args.suite == "microbatch":
+        return _microbatch(args)
     if args.suite == "models":
         return _models(args)
     return _opinfo(args)
@@ -46,6 +48,29 @@ def _fuzz(args: argparse.Namespace) -> int:
             f"{report['seconds']} s"
         )
     return 0
+
+
+def _microbatch(args: argparse.Namespace) -> int:
+    """microbatch_overlap's differential fuzzer: one line per graph on stderr, then the report
+    (or JSON). Exit status 1 where a graph mismatched or crashed."""
+    from airstream.selftest.microbatch_fuzz import format_report, run_microbatch_fuzz
+
+    mode = {None: "reduce-overhead", "default": "max-autotune"}.get(args.mode, args.mode)
+
+    def show(index: int, program: object, outcome: object) -> None:
+        kind = getattr(outcome, "kind", "")
+        detail = getattr(outcome, "detail", "")
+        print(f"  {index:5d} {kind:10s} {detail}"[:160], file=sys.stderr, flush=True)
+
+    report = run_microbatch_fuzz(
+        args.graphs,
+        seed=args.seed,
+        mode=mode,
+        ranks=args.ranks,
+        progress=None if args.json else show,
+    )
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 1 if report.get("mismatched_count") or report.get("crashed_count") else 0
 
 
 def _models(args: argparse.Namespace) -> int:
