@@ -4,6 +4,7 @@ min-cut partitioner, and Dynamo's eval-frame getter."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import re
@@ -81,6 +82,27 @@ def _probe_real_tensors() -> Callable[[], Any]:
 def real_tensors() -> Any:
     """A context in which no fake mode is active: the tensors made in it are real."""
     return _get("real_tensors")()
+
+
+@_feature(
+    "suppress_guards",
+    "torch.fx.experimental.symbolic_shapes.ShapeEnv.suppress_guards",
+    "collectives",
+    "microbatch_overlap's copies given their metadata without guards on the micro-batches' "
+    "sizes (a guard s0 // 2 != 1 would recompile the graph for every count of 2 or 3)",
+)
+def _probe_suppress_guards() -> Callable[[Any], Any]:
+    shape_env = _attr("torch.fx.experimental.symbolic_shapes:ShapeEnv")
+    if not callable(getattr(shape_env, "suppress_guards", None)):
+        raise AttributeError("ShapeEnv.suppress_guards is gone")
+    return lambda env: env.suppress_guards()
+
+
+def guards_suppressed(mode: Any) -> Any:
+    """A context in which the fake mode ``mode``'s shape environment records no guard (a
+    symbolic comparison takes its example values' answer); a null context for a static mode."""
+    env = getattr(mode, "shape_env", None)
+    return _get("suppress_guards")(env) if env is not None else contextlib.nullcontext()
 
 
 @_feature(

@@ -56,9 +56,10 @@ from airstream.passes.auto.microbatch_region import (
 )
 from airstream.passes.auto.rank_agreement import collective_groups, digest, same_on_every_rank
 from airstream.passes.auto.token_labels import Mixed, Positions, Rows, Stop
+from airstream.passes.meta import fake_mode_of, fill_meta
 from airstream.passes.toolkit import place_on_stream
 from airstream.placements import as_placed
-from airstream.torch_internals import collective_op_name, require
+from airstream.torch_internals import collective_op_name, guards_suppressed, require
 
 __all__ = ["REFUSED_KEY", "UNSPLIT_KEY", "MicrobatchSplit", "microbatch_overlap"]
 
@@ -243,6 +244,11 @@ def _apply(
         place_on_stream(gm, plan.rebuilt.comm, comm_stream)
     gm.graph.eliminate_dead_code()
     gm.recompile()
+    # the copies' metadata, without the guards torch's shape checks would record on the
+    # micro-batches' sizes (``s0 // 2 != 1``: every count of 2 or 3 would compile anew, though
+    # such calls run the graph unsplit)
+    with guards_suppressed(fake_mode_of(example_inputs)):
+        fill_meta(gm, example_inputs)
     gm.meta[UNSPLIT_KEY] = split
     return split
 
