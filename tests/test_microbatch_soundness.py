@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import airstream
 from airstream.passes.auto.microbatch import REFUSED_KEY, UNSPLIT_KEY, MicrobatchSplit
 from airstream.passes.auto.token_dims import Mixed, Positions, Rows, Stop, label_nodes
-from airstream.torch_internals import functional_collectives
+from airstream.torch_internals import functional_collectives, mark_unbacked
 
 funcol = functional_collectives()
 
@@ -364,7 +364,7 @@ def test_an_unbacked_count_of_none_or_one_token_runs_unsplit(one_rank: None) -> 
     run = _Run(blocks, dynamic=None)
     for count in (10, 1, 0, 3, 7):
         x = _tokens(count)
-        torch._dynamo.decorators.mark_unbacked(x, 0)
+        mark_unbacked(x, 0)
         run(x)
     assert [s.collectives for s in run.splits] == [2]
 

@@ -53,7 +53,8 @@ def _fuzz(args: argparse.Namespace) -> int:
 def _microbatch(args: argparse.Namespace) -> int:
     """microbatch_overlap's differential fuzzer: one line per graph on stderr, then the report
     (or JSON). Exit status 1 where a graph mismatched or crashed."""
-    from airstream.selftest.microbatch_fuzz import format_report, run_microbatch_fuzz
+    from airstream.selftest.microbatch_fuzz import run_microbatch_fuzz
+    from airstream.selftest.microbatch_report import format_report
 
     mode = {None: "reduce-overhead", "default": "max-autotune"}.get(args.mode, args.mode)
 

@@ -173,6 +173,43 @@ def remove_from_dynamo_cache(fn: Any) -> None:
     _get("dynamo_explain")[1](fn)
 
 
+@_feature(
+    "dynamo_frames",
+    "torch._dynamo.reset, torch._dynamo.utils.counters['frames'] and "
+    "torch._dynamo.decorators.mark_unbacked",
+    "testing",
+    "airstream selftest microbatch (a fresh Dynamo per graph, its compiles counted) and tests "
+    "of unbacked sizes",
+)
+def _probe_dynamo_frames() -> tuple[Callable[[], None], Any, Callable[..., None]]:
+    counters = _attr("torch._dynamo.utils:counters")
+    if not hasattr(counters["frames"], "clear"):
+        raise TypeError("torch._dynamo.utils.counters['frames'] is not a counter")
+    return (
+        _attr("torch._dynamo:reset"),
+        counters,
+        _attr("torch._dynamo.decorators:mark_unbacked"),
+    )
+
+
+def reset_dynamo() -> None:
+    """Forget every frame Dynamo compiled, and its compile counts."""
+    reset, counters, _ = _get("dynamo_frames")
+    reset()
+    counters["frames"].clear()
+
+
+def compiled_frames() -> int:
+    """How many frames Dynamo compiled since :func:`reset_dynamo`."""
+    return int(_get("dynamo_frames")[1]["frames"]["ok"])
+
+
+def mark_unbacked(tensor: torch.Tensor, dim: int) -> None:
+    """Make ``tensor``'s dimension ``dim`` an unbacked size when Dynamo traces it (0 and 1
+    included)."""
+    _get("dynamo_frames")[2](tensor, dim)
+
+
 @_feature("graph_break", "torch._dynamo.graph_break", "testing", "tests that force graph breaks")
 def _probe_graph_break() -> Callable[[], None]:
     return _attr("torch._dynamo:graph_break")
