@@ -27,7 +27,7 @@ from airstream.passes.auto.microbatch_region import (
     merged_part,
     stages,
 )
-from airstream.passes.auto.token_labels import SCALAR, Label, Mixed, Positions, Rows
+from airstream.passes.auto.token_labels import SCALAR, Label, Positions, Rows
 from airstream.passes.auto.token_rules import rows_of_size, shape, squeezed
 from airstream.torch_internals import collective_op_name, multiple_of, op_schema
 
@@ -258,18 +258,12 @@ class _Micro:
         return torch.fx.map_arg(arg, value)
 
     def _follows(self, node: torch.fx.Node, dim: int) -> bool:
-        """Whether dimension ``dim`` of ``node``'s value holds the micro-batch's rows."""
-        lab, out = self.labels.get(node), shape(node)
+        """Whether dimension ``dim`` of ``node``'s value holds the micro-batch's rows (the
+        region holds rows and positions only: a mixed value never joins back, so it leaves)."""
+        lab = self.labels.get(node)
         if isinstance(lab, Rows):
             return lab.dim == dim
-        if isinstance(lab, Positions):
-            return dim == 0
-        if not isinstance(lab, Mixed) or out is None or dim >= len(out):
-            return False
-        symbolic = isinstance(self.tokens.count, torch.SymInt)
-        if symbolic and not isinstance(out[dim], torch.SymInt):
-            return False
-        return rows_of_size(out[dim], self.tokens.count) is not None
+        return isinstance(lab, Positions) and dim == 0
 
     def _entry(self, node: torch.fx.Node, dim: int, size: Any, i: int) -> Any:
         if not self._follows(node, dim):
