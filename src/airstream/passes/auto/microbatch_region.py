@@ -149,9 +149,9 @@ def _region(
             reason = None
             # a value no op reads is kept only if it joins back: a collective of a mixed value
             # run per micro-batch would compute what the whole batch does not
-            leaves = not node.users or any(u not in region for u in node.users)
-            if leaves and not mergeable(node, lab):
-                reason = f"it depends on a value that is not indexed by tokens: {_what(lab)}"
+            outside = [u for u in node.users if u not in region]
+            if (outside or not node.users) and not mergeable(node, lab):
+                reason = _why_left(node, lab, outside, why)
             late = [a for a in node.all_input_nodes if a not in region and _after(a, region)]
             if late:
                 reason = f"it needs {describe(late[0])}, which runs on the whole batch"
@@ -172,6 +172,22 @@ def mergeable(node: torch.fx.Node, lab: Label) -> bool:
     return all(isinstance(s, int) for i, s in enumerate(size) if i != lab.dim)
 
 
+def _why_left(
+    node: torch.fx.Node, lab: Label, outside: list[torch.fx.Node], why: dict[torch.fx.Node, str]
+) -> str:
+    """Why ``node``, whose value does not join back, leaves the region: what its first reader
+    outside it left for, or that the graph returns it."""
+    if any(u.op == "output" for u in outside):
+        return (
+            "the graph returns a value that would not join back into the whole batch's (a "
+            f"value saved for the backward, a weight's gradient): {_what(lab)}"
+        )
+    reader = next((u for u in outside if u in why), None)
+    if reader is not None:
+        return why[reader]
+    return f"it depends on a value that is not indexed by tokens: {_what(lab)}"
+
+
 def _what(lab: Label) -> str:
     if isinstance(lab, (Mixed, Stop)):
         return f"{lab.why}: {lab.at}" if lab.at else lab.why
@@ -179,7 +195,9 @@ def _what(lab: Label) -> str:
         if lab.by:
             return "the micro-batch's rows in the order a sort gave them"
         return f"{lab.blocks} blocks of rows, one per rank" if lab.blocks > 1 else "a new buffer"
-    return "positions within the micro-batch" if lab is not None else "a tuple"
+    if isinstance(lab, tuple):
+        return "values of which one does not join back"
+    return "positions within the micro-batch"
 
 
 def _after(node: torch.fx.Node, region: set[torch.fx.Node]) -> bool:
