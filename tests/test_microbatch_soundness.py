@@ -178,6 +178,61 @@ def test_what_a_review_found_is_exact(one_rank: None, fn: Any, counts: tuple[int
             run(_tokens(count))
 
 
+def _returned_views(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Outputs that are views (of the input, through a chain of views): AOTAutograd rebuilds
+    them from their base's memory, so they must stay views of it."""
+    n = x.shape[0]
+    part = x.split([4, 12], dim=1)[0]
+    chained = part.unsqueeze(0).expand(1, -1, -1).flatten(0, 1)
+    summed = funcol.all_reduce(torch.log1p(x.abs()), "sum", dist.group.WORLD)
+    return x[:, :n], chained, x.unsqueeze(1).expand(-1, 3, -1), summed
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_outputs_that_are_views_stay_views(one_rank: None, training: bool) -> None:
+    """The fuzzer's failures in 10,000 graphs were of this class: outputs that are views of an
+    input (through a chain of views) came back as copies joined from the micro-batches."""
+    run = _Run(_returned_views, dynamic=True)
+    for count in (11, 8):
+        x = _tokens(count, width=16).requires_grad_(training)
+        got, want = run.compiled(x), _returned_views(x)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
+        if training:
+            grads = [
+                torch.autograd.grad(sum(o.sum() for o in out), x)[0]
+                for out in (run.compiled(x), _returned_views(x))
+            ]
+            torch.testing.assert_close(*grads)
+    assert run.splits
+
+
+def _square_exchanged(x: torch.Tensor) -> torch.Tensor:
+    square = x[:, : x.shape[0]]  # [T, T]: its second size equals the count
+    splits = [square.shape[0]]
+    moved = funcol.all_to_all_single_autograd(square, splits, splits, dist.group.WORLD)
+    return torch.sort(moved, 1)[0]
+
+
+def test_a_size_read_from_another_dimension_follows_the_count(one_rank: None) -> None:
+    """A backward's split sizes read ``sym_size`` of a [T, T] gradient's other dimension: a
+    micro-batch's split is made from its own count, not copied from that expression."""
+    config = airstream.CompilerConfig()
+    config.post_grad_custom_pre_pass = airstream.passes.microbatch_overlap()
+    config.stream_config.measure_placement = False
+    backend = airstream.get_backend(config)
+    compiled = torch.compile(_square_exchanged, backend=backend, dynamic=True)
+    for count in (8, 11):
+        grads = []
+        for fn in (compiled, _square_exchanged):
+            x = _tokens(count, width=16).requires_grad_()
+            (fn(x) * torch.arange(float(count)).unsqueeze(1)).sum().backward()
+            grads.append(x.grad)
+        torch.testing.assert_close(*grads)
+    kinds = {g.kind for g in backend.graphs if UNSPLIT_KEY in g.graph_module.meta}
+    assert kinds == {"forward", "backward"}
+
+
 # --- 2. the token count as a value keeps the whole batch's ----------------------------------
 
 

@@ -135,6 +135,8 @@ def source_line(node: torch.fx.Node) -> str | None:
     own = [f for f in frames if not f.group("file").startswith(_TORCH_DIR)]
     last = (own or frames)[-1]
     code = last.group("code").strip()
+    if code.startswith('File "'):  # a frame with no source line (``<stdin>``): the next one's
+        code = ""
     where = f"{last.group('file')}:{last.group('line')}"
     return f"{where} `{code}`" if code else where
 

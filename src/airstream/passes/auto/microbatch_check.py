@@ -17,7 +17,13 @@ from airstream.nodes import describe
 from airstream.passes.auto.microbatch_rebuild import Rebuilt
 from airstream.passes.auto.microbatch_region import Refused, Region, Tokens
 from airstream.passes.auto.token_labels import Positions, Rows
-from airstream.torch_internals import FakeTensorMode, real_tensors, size_at, size_hint
+from airstream.torch_internals import (
+    FakeTensorMode,
+    collective_op_name,
+    real_tensors,
+    size_at,
+    size_hint,
+)
 
 __all__ = ["check_split"]
 
@@ -90,7 +96,15 @@ def _value(
         return None
     args = torch.fx.map_arg(node.args, lambda a: values[a])
     kwargs = torch.fx.map_arg(node.kwargs, lambda a: values[a])
+    if collective_op_name(node.target) == "all_to_all_single":
+        _check_splits(args)  # fake tensors do not check them
     return node.target(*args, **kwargs)  # type: ignore[operator]
+
+
+def _check_splits(args: Any) -> None:
+    rows, outputs, inputs = args[0].shape[0], args[1], args[2]
+    if sum(inputs) != rows or sum(outputs) != rows:
+        raise RuntimeError(f"split sizes {list(inputs)}, {list(outputs)} of {rows} rows")
 
 
 def _expected(

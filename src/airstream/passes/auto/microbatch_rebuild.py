@@ -25,9 +25,10 @@ from airstream.passes.auto.microbatch_region import (
     feeding_collectives,
     mergeable,
     merged_part,
+    returned_views,
     stages,
 )
-from airstream.passes.auto.token_labels import SCALAR, Label, Positions, Rows
+from airstream.passes.auto.token_labels import Label, Positions, Rows
 from airstream.passes.auto.token_rules import rows_of_size, shape, squeezed
 from airstream.torch_internals import collective_op_name, multiple_of, op_schema
 
@@ -105,9 +106,21 @@ def rebuild(gm: torch.fx.GraphModule, tokens: Tokens, region: Region) -> Rebuilt
                 out.copies[made] = (node, i)
                 if effects(node).collective or effects(node).collective_wait:
                     out.comm.append(made)
+    views = returned_views(old)
+    remade: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def in_output(node: torch.fx.Node) -> torch.fx.Node:
+        """A returned value: a view stays a view of its base's memory (AOTAutograd rebuilds
+        it from there), made anew from the merged batch."""
+        if node not in views or node not in nodes:
+            return in_full(node)
+        if node not in remade:
+            remade[node] = _copy(new, node, in_output, f"{node.name}_whole")
+        return remade[node]
+
     for node in old.nodes:
         if node in dependent or node.op == "output":
-            full[node] = _copy(new, node, in_full)
+            full[node] = _copy(new, node, in_output if node.op == "output" else in_full)
             if out.merged_at is None and node.op == "call_function":
                 out.merged_at = node
     out.whole = {made: node for node, made in full.items()}
@@ -115,11 +128,14 @@ def rebuild(gm: torch.fx.GraphModule, tokens: Tokens, region: Region) -> Rebuilt
 
 
 def _copy(
-    graph: torch.fx.Graph, node: torch.fx.Node, env: Callable[[torch.fx.Node], Any]
+    graph: torch.fx.Graph,
+    node: torch.fx.Node,
+    env: Callable[[torch.fx.Node], Any],
+    name: str | None = None,
 ) -> torch.fx.Node:
     args = torch.fx.map_arg(node.args, env)
     kwargs = torch.fx.map_arg(node.kwargs, env)
-    out = graph.create_node(node.op, node.target, args, kwargs, node.name, node.type)
+    out = graph.create_node(node.op, node.target, args, kwargs, name or node.name, node.type)
     out.meta = dict(node.meta)
     return out
 
@@ -176,31 +192,24 @@ class _Micro:
         return self.full[node]
 
     def size(self, node: torch.fx.Node, i: int) -> Any:
-        """A size of the token dimension derived from the count, as micro-batch ``i``'s."""
+        """A size of the token dimension derived from the count (the count's placeholder, or an
+        expression of it such as ``s0 * 2`` or ``sym_size(x, 0)``), as micro-batch ``i``'s: its
+        multiple of the micro-batch's count, made from that count (an expression is not copied:
+        one reading another dimension that equals the count would keep the whole batch's)."""
         sizes = self.sizes[i]
         if node in sizes:
             return sizes[node]
         if node is self.tokens.node:
             sizes[node] = self.counts[i]
-        elif node.op == "placeholder" or self.labels.get(node) != SCALAR:
-            per = multiple_of(node.meta.get("val"), self.tokens.count)
-            if per is None:
-                raise Refused(
-                    f"{describe(node)} is a size of the token dimension derived from the count "
-                    f"{self.tokens.count} other than as a multiple of it"
-                )
-            sizes[node] = _scaled(self.graph, self.counts[i], per)
-        else:  # an expression of sizes (``s0 * 2``, ``sym_size(x, 0)``): of the micro-batch's
-            made = _copy(self.graph, node, lambda a: self._size_or_value(a, i))
-            made.name = f"{node.name}_mb{i}"
-            made.meta.pop("val", None)
-            sizes[node] = made
+            return sizes[node]
+        per = multiple_of(node.meta.get("val"), self.tokens.count)
+        if per is None:
+            raise Refused(
+                f"{describe(node)} is a size of the token dimension derived from the count "
+                f"{self.tokens.count} other than as a multiple of it"
+            )
+        sizes[node] = _scaled(self.graph, self.counts[i], per)
         return sizes[node]
-
-    def _size_or_value(self, node: torch.fx.Node, i: int) -> Any:
-        if node is self.tokens.node or self.labels.get(node) == SCALAR:
-            return self.size(node, i)
-        return self.value(node, i)
 
     def _slice(self, node: torch.fx.Node, lab: Rows, i: int) -> torch.fx.Node:
         """Micro-batch ``i``'s rows of an input, laid out in memory as the whole input is (a

@@ -6,6 +6,7 @@ run in (a stage ends at a collective's wait)."""
 
 from __future__ import annotations
 
+import operator
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,18 @@ from airstream.passes.auto.token_dims import SCALAR, Label, Mixed, Rows, Stop, l
 from airstream.passes.auto.token_rules import rows_of_size
 from airstream.torch_internals import static_input_indices
 
-__all__ = ["Refused", "Region", "Tokens", "find_region", "find_tokens", "merged_part", "stages"]
+__all__ = [
+    "Refused",
+    "Region",
+    "Tokens",
+    "feeding_collectives",
+    "find_region",
+    "find_tokens",
+    "mergeable",
+    "merged_part",
+    "returned_views",
+    "stages",
+]
 
 
 class Refused(Exception):
@@ -159,6 +171,30 @@ def _region(
                 _drop(node, region, why, reason)
                 changed = True
     return region, why
+
+
+def returned_views(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The graph's outputs that are views of another value (of an input, or of an output
+    AOTAutograd returns as their base), and the views they were made through: they must stay
+    views of that value's memory: the graph returns them made anew from the merged batch."""
+    output = next(n for n in graph.nodes if n.op == "output")
+    found: set[torch.fx.Node] = set()
+    stack = [n for n in output.all_input_nodes if _is_view(n)]
+    while stack:
+        node = stack.pop()
+        if node in found:
+            continue
+        found.add(node)
+        stack.extend(a for a in node.all_input_nodes if _is_view(a))
+    return found
+
+
+def _is_view(node: torch.fx.Node) -> bool:
+    """A call whose result shares its input's memory (an element of a tuple of views too)."""
+    if node.op != "call_function":
+        return False
+    source = node.args[0] if node.target is operator.getitem else node
+    return isinstance(source, torch.fx.Node) and effects(source).view
 
 
 def mergeable(node: torch.fx.Node, lab: Label) -> bool:

@@ -171,6 +171,23 @@ def scatter_add(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
     return _combined(lab, dim, ctx.of(ids), source, "scatter_add", shared_index=False)
 
 
+def scatter(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
+    """``scatter`` along another dimension than the tokens', by an index that is rows alike:
+    each row written from its own row (a sort's backward along a token's row)."""
+    lab, ids, src = ctx.of(a["self"]), ctx.of(a["index"]), ctx.of(a.get("src"))
+    size = shape(a["self"])
+    dim = int(a["dim"]) % len(size) if size else 0
+    if not isinstance(lab, Rows) or lab.by or dim == lab.dim:
+        return Mixed("a scatter of values that are not rows, or over the tokens")
+    if not (isinstance(ids, Rows) and matches(lab, ids)):
+        return Mixed("a scatter by an index that is not each row's own")
+    if "src" not in a:  # scatter.value: a constant written
+        return lab
+    if isinstance(src, Rows) and matches(lab, src):
+        return joined(lab, src)
+    return Mixed("a scatter of a source that is not each row's own")
+
+
 def index_put(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
     """``x.index_put([p], v, accumulate=True)``: a scatter-add along dimension 0; without
     accumulating, exact only where each position appears once (undivided positions)."""
@@ -290,6 +307,8 @@ GATHER_RULES: dict[Any, Rule] = {
     aten.embedding.default: embedding,
     aten.index_add.default: index_add,
     aten.scatter_add.default: scatter_add,
+    aten.scatter.src: scatter,
+    aten.scatter.value: scatter,
     aten.index_put.default: index_put,
     aten.mm.default: matmul,
     aten.addmm.default: matmul,
