@@ -380,8 +380,10 @@ def _case(rank: int, world: int, models: tuple[str, ...], train: bool, mode: str
             errors.append(float((got - want).abs().max()) / max(float(want.abs().max()), 1.0))
             graph = backend.graphs[-1]
             decisions.append(graph.measurement.chosen if graph.measurement else None)
-        kinds = sorted(g.kind for g in backend.graphs if UNSPLIT_KEY in g.graph_module.meta)
-        out[name] = {"errors": errors, "decisions": decisions, "split": kinds}
+        splits = [g for g in backend.graphs if UNSPLIT_KEY in g.graph_module.meta]
+        kinds = sorted(g.kind for g in splits)
+        merged = {g.kind: g.graph_module.meta[UNSPLIT_KEY].merged_at for g in splits}
+        out[name] = {"errors": errors, "decisions": decisions, "split": kinds, "merged": merged}
     return out
 
 
@@ -395,6 +397,8 @@ def _check(got: dict[int, Any], world: int, models: tuple[str, ...], train: bool
             figures = got[rank][name]
             assert max(figures["errors"]) < 1e-5, (name, rank, figures)
             assert figures["split"] == (["backward", "forward"] if train else ["inference"])
+            if not train:  # split to the end: every collective hidden (blocks of every rank's
+                assert figures["merged"] == {"inference": "output"}, (name, figures)  # rows too)
         if not train:  # every rank kept the same candidate for every size
             decisions = {tuple(got[r][name]["decisions"]) for r in range(world)}
             assert len(decisions) == 1 and None not in next(iter(decisions)), decisions

@@ -215,8 +215,8 @@ def _why_left(
     outside it left for, or that the graph returns it."""
     if any(u.op == "output" for u in outside):
         return (
-            "the graph returns a value that would not join back into the whole batch's (a "
-            f"value saved for the backward, a weight's gradient): {_what(lab)}"
+            "the graph returns a value that would not join back into the whole batch's (the "
+            f"output, a value saved for the backward, a weight's gradient): {_what(lab)}"
         )
     reader = next((u for u in outside if u in why), None)
     if reader is not None:

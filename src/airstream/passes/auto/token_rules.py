@@ -289,8 +289,10 @@ def sortlike(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
         return lab if indices_only else (lab, lab)
     if node.target is aten.topk.default:
         return Stop("it keeps the top k over the tokens (capacity dropping)")
-    if len(src) != 1 or not lab.whole:
+    if len(src) != 1 or lab.fresh or lab.by:
         return Mixed("sorted over the tokens")
+    # blocks of rows (every rank's copy of the tokens) sort as one value: the positions index
+    # the micro-batch's own rows in that layout, which the gathers and scatters check
     order = Positions(node.name, lab.layout, lab.layout)
     return order if indices_only else (Rows(0, lab.per, lab.blocks, by=node.name), order)
 
