@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import types
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -152,11 +153,12 @@ class _AttentionBeside(_TwoBranches):
 
 
 @pytest.fixture
-def attention_needs_caller_threads(monkeypatch: pytest.MonkeyPatch) -> None:
-    from airstream import foreign_ops
-
-    wanted = foreign_ops._CALLER_THREADS | {"airstream_scratch::attend"}
-    monkeypatch.setattr(foreign_ops, "_CALLER_THREADS", wanted)
+def attention_needs_caller_threads() -> Iterator[None]:
+    airstream.declare_caller_threads(
+        "airstream_scratch::attend", "it checks the thread count its metadata was built for"
+    )
+    yield
+    airstream.declare_caller_threads("airstream_scratch::attend", None)
 
 
 @pytest.mark.usefixtures("attention_needs_caller_threads")
@@ -199,6 +201,52 @@ def test_an_op_needing_the_callers_threads_on_a_side_stream_is_an_error() -> Non
     with pytest.raises(Exception, match=r"must run on the main stream.*caller's intra-op threads"):
         with torch.no_grad():
             compiled(torch.randn(4, 8))
+
+
+class _Attending(torch.nn.Module):
+    """A shared expert whose first op needs the caller's threads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        torch.ops.airstream_scratch.attend(out, x)
+        return self.up(out).relu()
+
+
+class _SharedExpertAttending(torch.nn.Module):
+    """That shared expert beside a routed branch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared_expert = _Attending()
+        self.routed = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shared_expert(x) + self.routed(x).sin()
+
+
+@pytest.mark.usefixtures("attention_needs_caller_threads")
+def test_shared_expert_overlap_leaves_an_op_needing_the_callers_threads_on_main_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = _SharedExpertAttending()
+    config = airstream.CompilerConfig()
+    config.post_grad_custom_pre_pass = airstream.passes.shared_expert_overlap()
+    config.stream_config.measure_placement = False
+    x = torch.randn(4, 8)
+    with caplog.at_level(logging.WARNING, logger="airstream"), torch.no_grad():
+        compiled, backend = compile_model(model, config, fullgraph=True)
+        assert_same(compiled(x), model(x))
+    assert "shared_expert_overlap: 1 of the" in caplog.text
+    assert "airstream_scratch::attend: it checks the thread count" in caplog.text
+    graph = graph_of(backend, "inference")
+    stream_of = graph.streams.stream_of
+    (attention,) = [n for n in graph.graph_module.graph.nodes if "attend" in str(n.args[:1])]
+    assert stream_of[attention.name] is None
+    assert "shared_expert" in set(stream_of.values())  # the linear still moved
 
 
 def test_an_extension_named_c_without_vllm_loaded_is_an_unknown_library(

@@ -16,7 +16,7 @@ from airstream.config import CompilerConfig
 from airstream.debug.profile import profile
 from airstream.errors import CacheWarning, ConfigError, PassError, StreamError, TorchSupportError
 from airstream.explain import explain
-from airstream.foreign_ops import declare_shared_state
+from airstream.foreign_ops import declare_caller_threads, declare_shared_state
 from airstream.ops.stream import stream
 from airstream.ops.torch_streams import current_stream
 
@@ -28,6 +28,7 @@ __all__ = [
     "StreamError",
     "TorchSupportError",
     "cache_compile",
+    "declare_caller_threads",
     "declare_shared_state",
     "explain",
     "get_backend",

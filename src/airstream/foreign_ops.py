@@ -27,12 +27,25 @@ counter; vLLM's CPU build does its linears with ``_C.onednn_mm(c, a, bias, handl
 is behind the handler, invisible to the graph) and its routed experts with one
 ``_C.cpu_fused_moe``. :func:`matmul_input` and :func:`foreign_flops` say what they compute.
 
-**The caller's threads.** vLLM's CPU attention (``vllm::unified_attention_with_output``) checks
-that it runs on as many OpenMP threads as its metadata was built for, outside the graph, on the
-calling thread (``cpu_attn_impl.hpp``: ``Check failed: input->metadata->thread_num ==
-thread_num (2 vs. 1)``). Such an op runs on the main stream with no other stream working (the
-planner orders it after and before every other stream's work, reason ``"alone"``), which is where
-the runtime gives the main stream every thread the caller has (``schedule/overlap.py``).
+**The caller's threads.** Some ops must run with every intra-op thread the calling thread has:
+
+- vLLM's CPU attention (``vllm::unified_attention_with_output``) checks that it runs on as many
+  OpenMP threads as its metadata was built for, outside the graph, on the calling thread
+  (``cpu_attn_impl.hpp``: ``Check failed: input->metadata->thread_num == thread_num (2 vs. 1)``);
+- vLLM's linears (``_C::onednn_mm``, ``_C::onednn_scaled_mm``) take a oneDNN matmul primitive
+  from a per-process cache keyed by the input's rows, stride and bias
+  (``dnnl_helper.cpp``: ``MSizeCacheKey``), not by the thread count; oneDNN's brgemm matmul
+  fixes its thread count when the primitive is made. A shape first multiplied on one thread runs
+  on one thread for good: at M=512 of a 2048 x 512 weight on 2 cores, 4.5 ms against 2.4 ms
+  (docs/benchmarks.md, "A measurement that changes what it measures").
+
+Such an op runs on the main stream with no other stream working (the planner orders it after and
+before every other stream's work, reason ``"alone"``), which is where the runtime gives the main
+stream every thread the caller has (``schedule/overlap.py``), so whichever candidate placement
+runs a shape first, it runs it as the caller would. :func:`declare_caller_threads` says the same
+of another library's ops. torch's own ops need no such rule: oneDNN's own primitive cache (which
+torch's ``mm``, ``linear`` and ``mkldnn._linear_pointwise`` use) keys its primitives by the
+thread count.
 """
 
 from __future__ import annotations
@@ -46,6 +59,9 @@ from typing import Any
 from airstream.torch_internals import OpOverload, op_name
 
 __all__ = [
+    "caller_threads_reason",
+    "caller_threads_why",
+    "declare_caller_threads",
     "declare_shared_state",
     "known_effects",
     "foreign_flops",
@@ -75,11 +91,21 @@ _SAFE = frozenset(
 _VLLM = "vLLM's CPU scratchpad (cpu_utils::ScratchPadManager, one per process)"
 _KNOWN: dict[str, str | None] = {"_C": _VLLM, "vllm": _VLLM}
 
-# Ops that must run with the caller's intra-op threads (see the module docstring).
-_CALLER_THREADS = frozenset({"vllm::unified_attention_with_output", "vllm::unified_attention"})
+# Ops that must run with the caller's intra-op threads (see the module docstring), and why.
+_ATTENTION = "it checks that it runs on the thread count its metadata was built for"
+_PRIMITIVE = (
+    "it keeps a oneDNN primitive per shape, made for the thread count of the shape's first call"
+)
+_CALLER_THREADS: dict[str, str] = {
+    "vllm::unified_attention_with_output": _ATTENTION,
+    "vllm::unified_attention": _ATTENTION,
+    "_C::onednn_mm": _PRIMITIVE,
+    "_C::onednn_scaled_mm": _PRIMITIVE,
+}
 
 _lock = threading.Lock()
 _declared: dict[str, str | None] = {}  # "ns" or "ns::name" -> state (None: safe)
+_declared_threads: dict[str, str | None] = {}  # "ns" or "ns::name" -> why (None: need not)
 _named: set[str] = set()  # unknown ops already named in a warning
 
 
@@ -133,9 +159,40 @@ def _name_once(qualified: str, namespace: str) -> None:
     )
 
 
+def declare_caller_threads(target: str, reason: str | None = "declared") -> None:
+    """Declare that ``target``'s ops (a namespace ``"mylib"`` or an op ``"mylib::name"``) must
+    run with every intra-op thread of the calling thread, ``reason`` saying why (a library that
+    keeps state made for the thread count of a first call, or checks the count); ``None``
+    declares that they need not. Such an op runs alone on the main stream (the module
+    docstring). An op's own declaration wins over its namespace's; read when a graph compiles."""
+    if not isinstance(target, str) or not target or target.count("::") > 1:
+        raise ValueError(
+            f"declare_caller_threads: target must be 'namespace' or 'namespace::op', got {target!r}"
+        )
+    if reason is not None and (not isinstance(reason, str) or not reason):
+        raise ValueError(
+            f"declare_caller_threads: reason must be a non-empty string or None, got {reason!r}"
+        )
+    with _lock:
+        _declared_threads[target] = reason
+
+
+def caller_threads_reason(namespace: str, name: str) -> str | None:
+    """Why op ``namespace::name`` must run with every intra-op thread of the calling thread, or
+    None where it need not."""
+    qualified = f"{namespace}::{name}"
+    with _lock:
+        for key in (qualified, namespace):
+            if key in _declared_threads:
+                return _declared_threads[key]
+    if namespace == "_C" and "vllm" not in sys.modules:
+        return None  # ``_C`` is vLLM's only in a process that loaded vLLM
+    return _CALLER_THREADS.get(qualified)
+
+
 def needs_caller_threads(namespace: str, name: str) -> bool:
     """Must op ``namespace::name`` run with every intra-op thread of the calling thread?"""
-    return f"{namespace}::{name}" in _CALLER_THREADS
+    return caller_threads_reason(namespace, name) is not None
 
 
 # Matrix multiplies of other libraries: op -> (its input's argument, its output's argument)
@@ -173,3 +230,15 @@ def known_effects(op: Any) -> tuple[str | None, bool]:
         return None, False
     namespace, name, _ = op_name(op)
     return shared_state(namespace, name), needs_caller_threads(namespace, name)
+
+
+def caller_threads_why(targets: Any) -> str | None:
+    """For a node's target and arguments (a functionalized call names its op among them): the
+    first op's name and why it needs the caller's threads, or None where none does."""
+    for op in targets:
+        if isinstance(op, OpOverload):
+            namespace, name, _ = op_name(op)
+            why = caller_threads_reason(namespace, name)
+            if why is not None:
+                return f"{namespace}::{name}: {why}"
+    return None

@@ -40,6 +40,7 @@ import torch.fx
 
 from airstream.effects import effects
 from airstream.errors import StreamError
+from airstream.foreign_ops import caller_threads_why
 from airstream.nodes import GRAPH_KIND_KEY, describe
 from airstream.ops.library import (
     STREAM_LABEL_KEY,
@@ -374,9 +375,10 @@ def _read(gm: torch.fx.GraphModule, lowered: _Lowered) -> StreamAssignment:
         if meta[STREAM_KEY] is not None and effects(node).caller_threads:
             raise StreamError(
                 f"{describe(node)} in the {_kind(gm)} graph is on stream {meta[STREAM_KEY]!r}, "
-                "but it must run on the main stream: it checks that it runs on the caller's "
-                "intra-op threads (vLLM's CPU attention; airstream.foreign_ops). Leave it out of "
-                "the nodes your pass places on a side stream."
+                "but it must run on the main stream with the caller's intra-op threads ("
+                f"{caller_threads_why((node.target, *node.args)) or 'declared'}; "
+                "airstream.foreign_ops). Leave it out of the nodes your pass places on a side "
+                "stream."
             )
         attrs = meta.get(SCOPE_KEY)
         if attrs:
