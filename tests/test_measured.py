@@ -439,3 +439,16 @@ def test_a_decision_reads_back_as_it_was_stored() -> None:
         m.size_range,
     )
     assert back.stored and not m.stored
+
+
+def test_a_warm_up_calls_one_size_in_every_range_up_to_the_largest() -> None:
+    from airstream.runtime.size_ranges import SizeRanges, one_size_per_range
+
+    assert one_size_per_range(None, 512) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+    assert one_size_per_range(None, 100) == [1, 2, 4, 8, 16, 32, 64, 100]
+    assert one_size_per_range((1, 256), 512) == [1, 2, 257, 512]
+    assert one_size_per_range((1, 256), 8) == [1, 2, 8]
+    # every range from 1 to the top has a size, and no size falls outside them
+    ranges = SizeRanges((), None)
+    called = {ranges.range_of(n) for n in one_size_per_range(None, 300)}
+    assert called == {ranges.range_of(n) for n in range(1, 301)}

@@ -126,6 +126,30 @@ def generate(llm: Any, batch: int, length: int, new: int, seed: int) -> list[lis
     return [list(o.outputs[0].token_ids) for o in out]
 
 
+LIVE = (8, 100)  # the live steps timed: sequences, steps (the first a prefill of 8 x 16)
+
+
+def live_steps(llm: Any, seed: int) -> list[float]:
+    """The time of each engine step (seconds) serving ``LIVE[0]`` prompts of 16 tokens for
+    ``LIVE[1]`` new tokens each: a prefill step, then decode steps, as a server's first
+    requests meet them."""
+    from vllm import SamplingParams
+
+    sequences, steps = LIVE
+    draw = random.Random(seed)
+    params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True, detokenize=False)
+    engine = llm.llm_engine
+    for i in range(sequences):
+        prompt = {"prompt_token_ids": [draw.randrange(1, 500) for _ in range(_PROMPT)]}
+        engine.add_request(f"live-{seed}-{i}", prompt, params)
+    times = []
+    while engine.has_unfinished_requests():
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
+    return times[:steps]
+
+
 def _timed(llm: Any, command: dict[str, Any]) -> dict[str, Any]:
     batch, length, steps, seed = (command[k] for k in ("batch", "length", "steps", "seed"))
     start = time.perf_counter()
@@ -201,6 +225,14 @@ def _engine(model: str, compilation: str, steps: int, warm: int) -> None:
     """An engine process: build, warm up, then answer the parent's commands (one JSON per line)."""
     config = json.loads(compilation)
     llm = make_engine(Path(model), config)
+    started: dict[str, Any] = {}
+    if _backend_object(config) is not None:  # measured at start-up, as a server would
+        from airstream.compat.vllm import warm_up
+
+        begin = time.perf_counter()
+        started["warm_up"] = warm_up(llm)
+        started["warm_up_s"] = time.perf_counter() - begin
+    started["first_live_s"] = live_steps(llm, seed=-1)  # a server's first requests
     shapes = [(b, _PROMPT, 1 + steps) for b in BATCHES] + [(*PREFILL, 2)]
     for batch, length, new in shapes:
         for seed in range(warm):  # the compile, then auto_streams' measured calls in each range
@@ -211,13 +243,17 @@ def _engine(model: str, compilation: str, steps: int, warm: int) -> None:
             if _decided(config):
                 break
             generate(llm, batch, length, new, seed)
-    print(_TAG + json.dumps({"ready": True, "placements": _placements(config)}), flush=True)
+    ready = {"ready": True, "placements": _placements(config), **started}
+    print(_TAG + json.dumps(ready), flush=True)
     for line in sys.stdin:
         command = json.loads(line)
         if command.get("stop"):
             break
         if command.get("report"):  # the placements as they stand now, measured ranges included
             print(_TAG + json.dumps({"placements": _placements(config)}), flush=True)
+            continue
+        if command.get("live"):  # the live steps again, in the steady state
+            print(_TAG + json.dumps({"live_s": live_steps(llm, command["seed"])}), flush=True)
             continue
         print(_TAG + json.dumps(_timed(llm, command)), flush=True)
 
@@ -292,7 +328,16 @@ def run_vllm(rounds: int, steps: int, hidden: int, layers: int) -> dict[str, Any
                     equal = got["tokens"] == answers["inductor"]["tokens"]
                     same.setdefault(key, {}).setdefault(name, True)
                     same[key][name] = same[key][name] and equal
+        steady = {n: engines[n].ask({"live": True, "seed": -1})["live_s"] for n in order}
         placements = {n: e.ask({"report": True})["placements"] for n, e in engines.items()}
+        live = {
+            name: {
+                "first": _percentiles(engine.ready["first_live_s"]),
+                "steady": _percentiles(steady[name]),
+                "warm_up_s": engine.ready.get("warm_up_s"),
+            }
+            for name, engine in engines.items()
+        }
     finally:
         for engine in engines.values():
             engine.stop()
@@ -316,7 +361,14 @@ def run_vllm(rounds: int, steps: int, hidden: int, layers: int) -> dict[str, Any
         "steps": steps,
         "rows": rows,
         "placements": placements,
+        "live": live,
     }
+
+
+def _percentiles(seconds: list[float]) -> dict[str, float]:
+    """p50 and p99 of step times, in ms (p99 of 100 steps: the second slowest)."""
+    ms = sorted(t * 1e3 for t in seconds)
+    return {"p50": statistics.median(ms), "p99": ms[min(len(ms) - 1, int(0.99 * len(ms)))]}
 
 
 def format_vllm(report: dict[str, Any]) -> str:
@@ -338,6 +390,19 @@ def format_vllm(report: dict[str, Any]) -> str:
     lines.append(
         "  x: Inductor's step time over the runner's (above 1: faster than vLLM's default)"
     )
+    sequences, steps = LIVE
+    lines.append(
+        f"  live steps ({sequences} prompts x {steps} new tokens, engine.step() timed): the "
+        "first after start-up against the steady state, p50 / p99 ms"
+    )
+    for name, live in report.get("live", {}).items():
+        first, steady = live["first"], live["steady"]
+        warm = live.get("warm_up_s")
+        said = "" if warm is None else f"   (airstream warm_up at start-up: {warm:.1f} s)"
+        lines.append(
+            f"  {name:<14} first {first['p50']:7.2f} / {first['p99']:7.2f}   "
+            f"steady {steady['p50']:7.2f} / {steady['p99']:7.2f}{said}"
+        )
     for name, graphs in report["placements"].items():
         for graph in graphs:
             sides = graph["side_streams"] or "nothing on a side stream"

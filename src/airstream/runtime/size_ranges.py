@@ -17,7 +17,7 @@ import torch.fx
 
 from airstream import torch_internals
 
-__all__ = ["SizeRanges", "SizeSource", "size_ranges", "size_sources"]
+__all__ = ["SizeRanges", "SizeSource", "one_size_per_range", "size_ranges", "size_sources"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,17 @@ class SizeRanges:
         """What the ranges are of, as a report says it."""
         cut = "powers of two" if self.bounds is None else f"bounds {list(self.bounds)}"
         return f"{', '.join(map(str, self.sources))} by {cut}"
+
+
+def one_size_per_range(bounds: Sequence[int] | None, top: int) -> list[int]:
+    """A size in every range from 1 to ``top`` (each range's lowest, and ``top``): the calls a
+    warm-up makes so that every range a server will call is measured before it serves.
+    ``bounds``: ``stream_config.measure_ranges`` as a tuple (None: powers of two)."""
+    if bounds is None:
+        lows = [1 << k for k in range(top.bit_length())]
+    else:
+        lows = [1, *(b + 1 for b in sorted(bounds))]
+    return sorted({*(n for n in lows if 1 <= n <= top), top})
 
 
 def size_ranges(gm: torch.fx.GraphModule, bounds: Sequence[int] | None) -> SizeRanges | None:
