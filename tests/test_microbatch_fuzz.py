@@ -90,3 +90,13 @@ def test_random_graphs_on_two_ranks() -> None:
 def test_random_graphs_in_the_default_mode(one_rank: None) -> None:
     report = run_microbatch_fuzz(10, seed=9, mode="max-autotune")
     assert report["mismatched_count"] == report["crashed_count"] == 0, format_report(report)
+
+
+def test_a_graph_first_compiled_at_two_tokens_in_the_default_mode(one_rank: None) -> None:
+    """Found by the default-mode fuzzer (seed 6, program 15): compiled at 2 tokens, its
+    segments were built for micro-batches of 1 token and failed at 5 (``expected size 2==1``)."""
+    rng = random.Random(6)
+    program = [draw_program(rng) for _ in range(16)][15]
+    assert "x.select(1, 11)" in program.source()  # the program the fuzzer found
+    outcome = check_program(program, "max-autotune", tokens=(2, 5), seed=(6 * 1_000_003 + 15) * 8)
+    assert outcome.kind == "refused" and "an example of 2 token(s)" in outcome.detail, outcome

@@ -263,6 +263,33 @@ def test_a_squeeze_keeps_the_token_dimension_of_a_small_micro_batch(one_rank: No
     assert not static.splits and static.refusals[0].startswith("left alone: 3 token(s)")
 
 
+@pytest.mark.usefixtures("default_mode")
+def test_max_autotune_compiled_at_too_few_tokens_is_refused_not_a_crash(one_rank: None) -> None:
+    """Found by the fuzzer in the default mode: a dynamic graph compiled at 2 tokens built its
+    segments for micro-batches of 1 token and failed at 5 (``expected size 2==1``)."""
+
+    def layer(x: torch.Tensor) -> torch.Tensor:
+        return _sum(torch.relu(x @ W)) + x.sin()
+
+    run = _Run(layer, dynamic=True)(_tokens(2))(_tokens(5))(_tokens(9))
+    assert not run.splits
+    assert "an example of 2 token(s), fewer than min_tokens=4" in run.refusals[0]
+    assert any("at least 4 tokens" in said for said in run.said)
+
+
+@pytest.mark.usefixtures("default_mode")
+def test_max_autotune_compiled_at_enough_tokens_splits_every_larger_count(
+    one_rank: None,
+) -> None:
+    def layer(x: torch.Tensor) -> torch.Tensor:  # not the graph above: AOTAutograd's cache
+        return _sum(torch.relu(x @ W)) + x.cos()  # would serve that one, refused, for any hint
+
+    run = _Run(layer, dynamic=True)(_tokens(9))(_tokens(5))(_tokens(3))(_tokens(10))
+    assert run.splits, run.refusals
+    # a call at 3 tokens recompiles (max-autotune's guard on a micro-batch of 1), unsplit
+    assert all("an example of 3 token(s)" in refused for refused in run.refusals)
+
+
 def test_min_tokens_below_four_is_refused_at_once() -> None:
     with pytest.raises(ValueError, match="at least 4"):
         airstream.passes.microbatch_overlap(min_tokens=2)

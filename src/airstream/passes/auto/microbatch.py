@@ -42,7 +42,10 @@ from typing import Any
 import torch
 import torch.fx
 
+from airstream.config import CompilerConfig
+from airstream.devices import graph_device
 from airstream.effects import effects
+from airstream.mode import resolve_mode
 from airstream.nodes import describe
 from airstream.ops.library import is_air_op
 from airstream.passes.auto.microbatch_check import check_split
@@ -59,7 +62,12 @@ from airstream.passes.auto.token_labels import Mixed, Positions, Rows, Stop
 from airstream.passes.meta import fake_mode_of, fill_meta
 from airstream.passes.toolkit import place_on_stream
 from airstream.placements import as_placed
-from airstream.torch_internals import collective_op_name, guards_suppressed, require
+from airstream.torch_internals import (
+    collective_op_name,
+    guards_suppressed,
+    require,
+    size_hint,
+)
 
 __all__ = ["REFUSED_KEY", "UNSPLIT_KEY", "MicrobatchSplit", "microbatch_overlap"]
 
@@ -131,7 +139,7 @@ def microbatch_overlap(comm_stream: str | None = "comm", min_tokens: int = MIN_T
             return
         groups = collective_groups(gm.graph)
         try:
-            plan: _Plan | str = _plan(gm, min_tokens)
+            plan: _Plan | str = _plan(gm, min_tokens, _specializes(gm, cfg))
         except Refused as exc:
             plan = str(exc)
         except Exception:  # a bug here: every rank must still reach the agreement (and refuse)
@@ -158,8 +166,17 @@ def microbatch_overlap(comm_stream: str | None = "comm", min_tokens: int = MIN_T
     return microbatch_overlap_pass
 
 
-def _plan(gm: torch.fx.GraphModule, min_tokens: int) -> _Plan | str:
-    """The split of ``gm`` (built, checked, not yet applied), or why it is left alone."""
+def _specializes(gm: torch.fx.GraphModule, cfg: Any) -> bool:
+    """Whether ``gm`` compiles into kernels whose sizes follow their example sizes
+    (max-autotune's segments: a micro-batch of one token at the example compiles for one)."""
+    if not isinstance(cfg, CompilerConfig):
+        return True
+    return resolve_mode(cfg, graph_device(gm).type) == "max-autotune"
+
+
+def _plan(gm: torch.fx.GraphModule, min_tokens: int, specializes: bool = True) -> _Plan | str:
+    """The split of ``gm`` (built, checked, not yet applied), or why it is left alone.
+    ``specializes``: see :func:`_specializes`."""
     graph = gm.graph
     air = next((n for n in graph.nodes if n.op == "call_function" and is_air_op(n.target)), None)
     if air is not None:
@@ -170,6 +187,14 @@ def _plan(gm: torch.fx.GraphModule, min_tokens: int) -> _Plan | str:
     tokens = find_tokens(gm)
     if isinstance(tokens.count, int) and tokens.count < min_tokens:
         return f"left alone: {tokens.count} token(s), fewer than min_tokens={min_tokens}"
+    example = size_hint(tokens.count, fallback=min_tokens)
+    if specializes and example < min_tokens:
+        raise Refused(
+            f"the graph compiles with dynamic tokens at an example of {example} token(s), fewer "
+            f"than min_tokens={min_tokens}: max-autotune's kernels would be built for "
+            f"micro-batches of {example // 2} token(s) and fail at larger counts. Make the "
+            f"graph's first call (its compile) with at least {min_tokens} tokens"
+        )
     refusal: Refused | None = None
     for region in find_region(graph, tokens):  # the best first; the next where it fails
         try:
