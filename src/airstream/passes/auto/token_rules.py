@@ -258,7 +258,7 @@ def along(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
         return lab
     out = shape(node) or ()
     if _dim(a["dim"], len(out)) == lab.dim:
-        return Mixed(f"{node.target} runs over the tokens")
+        return Mixed("runs over the tokens")
     return lab
 
 
