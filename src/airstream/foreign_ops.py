@@ -115,25 +115,39 @@ def declare_shared_state(target: str, state: str | None) -> None:
     ``state=None``: its ops keep no shared state and may run at once on different streams.
     A string: every op declared with that string is ordered against the others (never two at
     once). An op's own declaration wins over its namespace's."""
+    _declare(_declared, "declare_shared_state", target, "state", state)
+
+
+def _declare(
+    table: dict[str, str | None], caller: str, target: str, what: str, value: str | None
+) -> None:
+    """``table[target] = value`` once both are checked (``caller`` and ``what`` name them)."""
     if not isinstance(target, str) or not target or target.count("::") > 1:
-        raise ValueError(
-            f"declare_shared_state: target must be 'namespace' or 'namespace::op', got {target!r}"
-        )
-    if state is not None and (not isinstance(state, str) or not state):
-        raise ValueError(
-            f"declare_shared_state: state must be a non-empty string or None, got {state!r}"
-        )
+        raise ValueError(f"{caller}: target must be 'namespace' or 'namespace::op', got {target!r}")
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueError(f"{caller}: {what} must be a non-empty string or None, got {value!r}")
     with _lock:
-        _declared[target] = state
+        table[target] = value
+
+
+def _declared_for(
+    table: dict[str, str | None], namespace: str, name: str
+) -> tuple[bool, str | None]:
+    """Whether ``table`` declares op ``namespace::name`` (its own entry first, then its
+    namespace's), and the value declared."""
+    with _lock:
+        for key in (f"{namespace}::{name}", namespace):
+            if key in table:
+                return True, table[key]
+    return False, None
 
 
 def shared_state(namespace: str, name: str) -> str | None:
     """The process-global state op ``namespace::name`` shares with other ops, or None."""
+    declared, state = _declared_for(_declared, namespace, name)
+    if declared:
+        return state
     qualified = f"{namespace}::{name}"
-    with _lock:
-        for key in (qualified, namespace):
-            if key in _declared:
-                return _declared[key]
     if namespace in _SAFE:
         return None
     if namespace in _KNOWN and (namespace != "_C" or "vllm" in sys.modules):
@@ -165,26 +179,16 @@ def declare_caller_threads(target: str, reason: str | None = "declared") -> None
     keeps state made for the thread count of a first call, or checks the count); ``None``
     declares that they need not. Such an op runs alone on the main stream (the module
     docstring). An op's own declaration wins over its namespace's; read when a graph compiles."""
-    if not isinstance(target, str) or not target or target.count("::") > 1:
-        raise ValueError(
-            f"declare_caller_threads: target must be 'namespace' or 'namespace::op', got {target!r}"
-        )
-    if reason is not None and (not isinstance(reason, str) or not reason):
-        raise ValueError(
-            f"declare_caller_threads: reason must be a non-empty string or None, got {reason!r}"
-        )
-    with _lock:
-        _declared_threads[target] = reason
+    _declare(_declared_threads, "declare_caller_threads", target, "reason", reason)
 
 
 def caller_threads_reason(namespace: str, name: str) -> str | None:
     """Why op ``namespace::name`` must run with every intra-op thread of the calling thread, or
     None where it need not."""
+    declared, reason = _declared_for(_declared_threads, namespace, name)
+    if declared:
+        return reason
     qualified = f"{namespace}::{name}"
-    with _lock:
-        for key in (qualified, namespace):
-            if key in _declared_threads:
-                return _declared_threads[key]
     if namespace == "_C" and "vllm" not in sys.modules:
         return None  # ``_C`` is vLLM's only in a process that loaded vLLM
     return _CALLER_THREADS.get(qualified)
