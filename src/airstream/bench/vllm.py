@@ -27,7 +27,6 @@ anew in every run (``AIRSTREAM_DECISIONS=off``); Inductor's caches warm after th
 
 from __future__ import annotations
 
-import importlib
 import json
 import operator
 import os
@@ -188,20 +187,12 @@ def op_label(node: Any) -> str:
     return str(wrapped[0] if wrapped else node.target)
 
 
-def _backend_object(compilation: dict[str, Any]) -> Any:
-    """The airstream backend object a runner's ``backend`` names (None for Inductor's)."""
-    backend = str(compilation.get("backend", ""))
-    module, _, name = backend.rpartition(".")
-    if not module:
-        return None
-    found = getattr(importlib.import_module(module), name, None)
-    return found if hasattr(found, "graphs") else None
-
-
 def _placements(compilation: dict[str, Any]) -> list[dict[str, Any]]:
     """Per graph an airstream runner compiled: its side streams' ops and what was measured."""
-    compiled = _backend_object(compilation)
-    if compiled is None:
+    from airstream.compat.vllm import backend_named
+
+    compiled = backend_named(str(compilation.get("backend", "")))
+    if compiled is None:  # Inductor's
         return []
     return [
         {
@@ -213,22 +204,15 @@ def _placements(compilation: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def _decided(compilation: dict[str, Any]) -> bool:
-    """Has every graph of an airstream runner decided in every size range called so far?"""
-    compiled = _backend_object(compilation)
-    if compiled is None:
-        return True
-    return all(g.measurements is None or g.measurements.decided for g in compiled.graphs)
-
-
 def _engine(model: str, compilation: str, steps: int, warm: int) -> None:
     """An engine process: build, warm up, then answer the parent's commands (one JSON per line)."""
+    from airstream.compat.vllm import all_decided, backend_named, warm_up
+
     config = json.loads(compilation)
     llm = make_engine(Path(model), config)
     started: dict[str, Any] = {}
-    if _backend_object(config) is not None:  # measured at start-up, as a server would
-        from airstream.compat.vllm import warm_up
-
+    compiled = backend_named(str(config.get("backend", "")))
+    if compiled is not None:  # measured at start-up, as a server would
         begin = time.perf_counter()
         started["warm_up"] = warm_up(llm)
         started["warm_up_s"] = time.perf_counter() - begin
@@ -240,7 +224,7 @@ def _engine(model: str, compilation: str, steps: int, warm: int) -> None:
         # until every size range called has decided: a decode command's prefill of B x 16
         # tokens hits its range once a call, and a decision takes 8 timed calls of each of two
         for seed in range(warm, warm + 48):
-            if _decided(config):
+            if compiled is None or all_decided(compiled):
                 break
             generate(llm, batch, length, new, seed)
     ready = {"ready": True, "placements": _placements(config), **started}

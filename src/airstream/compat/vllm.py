@@ -52,7 +52,9 @@ from airstream.runtime.size_ranges import one_size_per_range
 
 __all__ = [
     "SHARED_EXPERT_MODULES",
+    "all_decided",
     "auto_streams",
+    "backend_named",
     "config_for",
     "one_stream",
     "shared_expert",
@@ -101,7 +103,7 @@ def warm_up(llm: Any, max_tokens: int | None = None, calls: int = 256) -> list[d
     return list(llm.collective_rpc(_warm_up_worker, args=(max_tokens, calls)))
 
 
-def _backend_named(name: str) -> AirstreamBackend | None:
+def backend_named(name: str) -> AirstreamBackend | None:
     """The airstream backend object a ``compilation_config.backend`` names, or None."""
     module, _, attribute = str(name).rpartition(".")
     if not module:
@@ -113,14 +115,15 @@ def _backend_named(name: str) -> AirstreamBackend | None:
     return found if isinstance(found, AirstreamBackend) else None
 
 
-def _all_decided(backend: AirstreamBackend) -> bool:
+def all_decided(backend: AirstreamBackend) -> bool:
+    """Has every graph ``backend`` compiled decided in every size range called so far?"""
     return all(g.measurements is None or g.measurements.decided for g in backend.graphs)
 
 
 def _warm_up_worker(worker: Any, max_tokens: int | None, calls: int) -> dict[str, Any]:
     """:func:`warm_up` in one vLLM worker (``worker``: vLLM's, handed by ``collective_rpc``)."""
     config = worker.vllm_config
-    backend = _backend_named(config.compilation_config.backend)
+    backend = backend_named(config.compilation_config.backend)
     if backend is None:
         raise ValueError(
             "airstream.compat.vllm.warm_up: the engine's compilation_config.backend "
@@ -134,7 +137,7 @@ def _warm_up_worker(worker: Any, max_tokens: int | None, calls: int) -> dict[str
     for size in sizes:
         for _ in range(calls):
             runner._dummy_run(size, force_attention=True)
-            if _all_decided(backend):
+            if all_decided(backend):
                 break
     measured = {
         f"{i} {g.kind}": g.measurements.describe()
