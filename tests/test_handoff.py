@@ -58,6 +58,58 @@ def test_wait_sets_then_after_letting_go_of_the_gil() -> None:
         ready.wait(0, object())
 
 
+def _sleeps(native_id: int) -> int:
+    """How often thread ``native_id`` of this process went to sleep (Linux's count of its
+    voluntary context switches)."""
+    status = Path(f"/proc/self/task/{native_id}/status").read_text().splitlines()
+    return int(next(ln for ln in status if ln.startswith("voluntary_ctxt_switches")).split()[1])
+
+
+needs_proc = pytest.mark.skipif(
+    not Path("/proc/self/task").is_dir(), reason="counts a thread's sleeps in /proc (Linux)"
+)
+
+
+@needs_flag
+@needs_proc
+def test_a_waiter_off_the_main_thread_sleeps_until_set() -> None:
+    """An idle stream worker waits on its flag for as long as the process lives: it must not
+    wake to take the GIL (it did every 20 ms to look for signals, which only the main thread
+    handles), or it taxes every later call of any graph, the one measuring kept included."""
+    flag, ids = Flag(), []
+
+    def wait() -> None:
+        ids.append(threading.get_native_id())
+        flag.wait(0)
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    time.sleep(0.05)
+    before = _sleeps(ids[0])
+    end = time.monotonic() + 0.3
+    while time.monotonic() < end:  # the GIL busy, as a caller running torch work has it
+        pass
+    woke = _sleeps(ids[0]) - before
+    flag.set()
+    waiter.join(5)
+    assert woke <= 2, f"an idle waiter woke {woke} times in 0.3 s"
+
+
+@needs_flag
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs signal.pthread_kill")
+@pytest.mark.usefixtures("sigint_raises")
+def test_ctrl_c_reaches_the_main_thread_waiting_on_a_flag() -> None:
+    main = threading.main_thread().ident
+    assert main is not None and threading.get_ident() == main
+    timer = threading.Timer(0.1, signal.pthread_kill, (main, signal.SIGINT))
+    start = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        Flag().wait(0)  # never set
+    timer.join()
+    assert time.monotonic() - start < 1.0
+
+
 def _forget() -> None:
     """Forget the loaded extension and team, so the next use looks at the environment again."""
     handoff._extension.cache_clear()

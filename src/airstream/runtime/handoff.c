@@ -73,6 +73,9 @@ static PyObject *Flag_is_set(Flag *self, PyObject *unused) {
 
 static PyTypeObject FlagType;
 
+/* The interpreter's main thread, the only one Python runs signal handlers in. */
+static unsigned long main_thread_ident;
+
 static PyObject *Flag_wait(Flag *self, PyObject *args) {
     long long spin_ns = 0;
     PyObject *then = Py_None;
@@ -83,6 +86,11 @@ static PyObject *Flag_wait(Flag *self, PyObject *args) {
     }
     if (then == Py_None && atomic_load(&self->state)) Py_RETURN_NONE;
     Py_INCREF(then);
+    /* Only the main thread sleeps in slices, to run a signal's handler between them. Another
+       thread's slice would take the GIL 50 times a second to check for nothing: an idle stream
+       worker taking it from the thread that is running torch work (and its cores, on a machine
+       with no spare one) for as long as the process lives. */
+    int sliced = PyThread_get_thread_ident() == main_thread_ident;
     PyThreadState *ts = PyEval_SaveThread();
     if (then != Py_None) flag_set((Flag *)then);
     if (!atomic_load(&self->state) && spin_ns > 0) {
@@ -100,6 +108,7 @@ static PyObject *Flag_wait(Flag *self, PyObject *args) {
     if (!atomic_load(&self->state)) {
         pthread_mutex_lock(&self->mu);
         atomic_fetch_add(&self->sleepers, 1);
+        while (!sliced && !atomic_load(&self->state)) pthread_cond_wait(&self->cv, &self->mu);
         while (!atomic_load(&self->state)) {
             /* Sleep in slices: between them, a signal (Ctrl-C) reaches the main thread as it
                would in a lock's acquire. */
@@ -271,12 +280,14 @@ static PyObject *run_team(PyObject *module, PyObject *fns) {
 
 static PyObject *team_after_fork(PyObject *module, PyObject *unused) {
     team_forked = 1;
+    main_thread_ident = PyThread_get_thread_ident(); /* the child's main thread: the forker */
     Py_RETURN_NONE;
 }
 
 static PyMethodDef module_methods[] = {
     {"after_fork", team_after_fork, METH_NOARGS,
-     "after_fork(): in a forked child, run_team returns None from now on (nothing runs)."},
+     "after_fork(): in a forked child, run_team returns None from now on (nothing runs), and "
+     "the calling thread is the one whose waits look for signals."},
     {"bind", team_bind, METH_VARARGS,
      "bind(path): use the OpenMP library loaded from path for run_team; False if it is not "
      "loaded or lacks GNU OpenMP's entry points."},
@@ -294,6 +305,21 @@ PyMODINIT_FUNC PyInit_airstream_handoff(void) {
     if (PyType_Ready(&FlagType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
+    PyObject *threading = PyImport_ImportModule("threading");
+    PyObject *main_thread = threading ? PyObject_CallMethod(threading, "main_thread", NULL) : NULL;
+    PyObject *ident = main_thread ? PyObject_GetAttrString(main_thread, "ident") : NULL;
+    Py_XDECREF(main_thread);
+    Py_XDECREF(threading);
+    if (ident == NULL) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    main_thread_ident = PyLong_AsUnsignedLong(ident);
+    Py_DECREF(ident);
+    if (PyErr_Occurred()) {
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&FlagType);
     if (PyModule_AddObject(m, "Flag", (PyObject *)&FlagType) < 0) {
         Py_DECREF(&FlagType);
