@@ -249,6 +249,47 @@ def test_shared_expert_overlap_leaves_an_op_needing_the_callers_threads_on_main_
     assert "shared_expert" in set(stream_of.values())  # the linear still moved
 
 
+class _AttendingMostly(torch.nn.Module):
+    """A shared expert whose work is nearly all in an op needing the caller's threads (as
+    vLLM's, whose linears are): what is left is a gate on one column."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        torch.ops.airstream_scratch.attend(out, x)
+        return out[:, :1].sigmoid() * 2
+
+
+class _SharedExpertAttendingMostly(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared_expert = _AttendingMostly()
+        self.routed = torch.nn.Linear(1024, 1024)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shared_expert(x) + self.routed(x).sin()
+
+
+@pytest.mark.usefixtures("attention_needs_caller_threads")
+def test_shared_expert_overlap_places_nothing_where_what_it_could_place_would_not_pay(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Left a side stream with a sliver of the shared expert's work, the placement would pay a
+    handoff each way for nothing (vLLM's CPU build: 0.40-0.76x of one stream): the whole
+    shared expert stays on main, and the warning says why."""
+    model = _SharedExpertAttendingMostly()
+    config = airstream.CompilerConfig()
+    config.post_grad_custom_pre_pass = airstream.passes.shared_expert_overlap()
+    config.stream_config.measure_placement = False
+    x = torch.randn(64, 1024)
+    with caplog.at_level(logging.WARNING, logger="airstream"), torch.no_grad():
+        compiled, backend = compile_model(model, config, fullgraph=True)
+        assert_same(compiled(x), model(x))
+    assert "would not pay for a side stream's handoffs" in caplog.text, caplog.text
+    assert "the whole shared expert stays there" in caplog.text
+    graph = graph_of(backend, "inference")
+    assert set(graph.streams.stream_of.values()) == {None}
+
+
 def test_an_extension_named_c_without_vllm_loaded_is_an_unknown_library(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

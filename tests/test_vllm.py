@@ -70,18 +70,18 @@ def _inference_graphs(answers: dict[str, Any], name: str) -> list[dict[str, Any]
     return graphs
 
 
-def test_the_shared_expert_runs_on_its_stream_and_vllms_kernels_never_overlap(
+def test_the_shared_expert_stays_on_main_where_its_linears_must_and_says_why(
     answers: dict[str, Any],
 ) -> None:
+    """Its linears (oneDNN matmuls keeping a primitive made for their first call's thread
+    count) stay on main; what is left, the activation and the gate, would pay a side stream's
+    handoffs for nothing (0.40-0.76x of one stream when placed), so nothing moves."""
     (graph,) = _inference_graphs(answers, "shared_expert")
-    side = graph["side_streams"]["shared_expert"]
-    # the activation and the expert gate's sigmoid; the linears (oneDNN matmuls keeping a
-    # primitive made for their first call's thread count) stay on main, with a warning
-    assert "aten.silu.default" in side, side
-    assert {"aten.sigmoid.default", "aten.sigmoid_.default"} & set(side), side
-    assert not any("fused_moe" in op or "attention" in op or "onednn" in op for op in side), side
-    assert "stay on the main stream" in answers["shared_expert"]["log"]
-    assert "_C::onednn_mm: it keeps a oneDNN primitive" in answers["shared_expert"]["log"]
+    assert not graph["side_streams"], graph["side_streams"]
+    log = answers["shared_expert"]["log"]
+    assert "stay on the main stream" in log
+    assert "_C::onednn_mm: it keeps a oneDNN primitive" in log
+    assert "the whole shared expert stays there" in log
 
 
 def test_auto_streams_keeps_attention_on_main_and_says_what_it_measured(
