@@ -353,6 +353,10 @@ def test_each_benchmark_runs_with_its_own_defaults_and_the_help_says_them(
     assert seen["modes"]["calls"] == 20
     assert main(["bench", "mlp", "--mode", "both"]) == 2
     assert "--mode applies to moe, branches-pointwise" in capsys.readouterr().err
+    assert main(["bench", "decode", "--alone", "--mode", "max-autotune"]) == 0
+    assert seen["decode"]["rounds"] == 5 and seen["decode"]["calls"] == 6  # process per round
+    assert main(["bench", "moe", "--alone"]) == 2
+    assert "--alone applies to decode" in capsys.readouterr().err
     assert benches.default_help("tokens") == (
         "default 8; kernel-split 256, tp 64, memory 4096, decode 4, train 2"
     )
@@ -413,3 +417,26 @@ def test_microbatch_report_on_gloo_ranks() -> None:
         assert max(row["max_rel_error"].values()) < 1e-5, row["max_rel_error"]
         assert row["modelled_comm_ms"] is None and "hidden_share" not in row
     assert "2 gloo ranks" in format_microbatch(report)
+
+
+def test_decode_alone_runs_each_runner_in_its_own_process_in_a_rotating_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``bench decode --alone``: one process per runner and round, the order rotating; the
+    report's ratios are per round (the processes of a round ran side by side in time)."""
+    from airstream.bench import decode_alone
+
+    order: list[str] = []
+
+    def one(model: str, runner: str, batch: int, steps: int) -> dict[str, Any]:
+        order.append(runner)
+        slower = 1.25 if runner.startswith("auto_streams") else 1.0
+        return {"step_ms": 100.0 * slower, "compile_s": 1.0, "measured": "kept one stream"}
+
+    monkeypatch.setattr(decode_alone, "_one", one)
+    report = decode_alone.run_alone(["qwen2-moe"], ["max-autotune"], rounds=3, steps=4, batch=4)
+    runners = ["inductor", "airstream max-autotune", "auto_streams max-autotune"]
+    assert order == runners + runners[1:] + runners[:1] + runners[2:] + runners[:2]
+    text = decode_alone.format_alone(report)
+    assert "auto_streams / one stream, max-autotune: 0.800x (rounds 0.80, 0.80, 0.80)" in text
+    assert "kept: kept one stream" in text

@@ -36,6 +36,10 @@ class Bench:
 OPTIONS: Mapping[str, int] = {"rounds": 15, "calls": 5, "tokens": 8, "hidden": 1024, "layers": 4}
 
 
+# decode --alone: a fresh process per runner and round (tens of seconds each)
+ALONE: Mapping[str, int] = {"rounds": 5, "calls": 6}
+
+
 def _models(bench: str, given: str | None, known: Sequence[str]) -> tuple[str, ...]:
     """The models ``--models`` names (all of ``known`` if none); SystemExit(2), after saying why
     on stderr, if it names one ``bench`` does not have."""
@@ -183,6 +187,14 @@ def _vllm(a: argparse.Namespace) -> Report:
 
 def _decode(a: argparse.Namespace) -> Report:
     from airstream.bench.decode import DECODE_MODELS, format_decode, run_decode
+
+    if a.alone:
+        from airstream.bench.decode_alone import format_alone, run_alone
+
+        modes = ("reduce-overhead", "max-autotune") if a.mode in (None, "both") else (a.mode,)
+        models = _models("decode", a.models, tuple(DECODE_MODELS))
+        alone = run_alone(models, modes, rounds=a.rounds, steps=a.calls * 5, batch=a.tokens)
+        return alone, format_alone(alone)
 
     report = run_decode(
         _models("decode", a.models, tuple(DECODE_MODELS)),
@@ -391,15 +403,18 @@ def run_bench(args: argparse.Namespace) -> int:
     """Run the benchmark ``args.name`` and print its report (text, or JSON with --json)."""
     bench = BENCHES[args.name]
     problem = _device_problem(args.name, bench, args)
-    if args.mode is not None and bench.modes is None:
+    alone = bool(getattr(args, "alone", False))
+    if alone and args.name != "decode":
+        problem = "--alone applies to decode"
+    elif args.mode is not None and bench.modes is None and not alone:
         on = ", ".join(n for n, b in BENCHES.items() if b.modes is not None)
-        problem = f"--mode applies to {on}"
+        problem = f"--mode applies to {on} (and decode --alone)"
     if problem is not None:
         print(f"airstream bench {args.name}: {problem}", file=sys.stderr)
         return 2
-    modes = bench.modes if args.mode is not None else None
+    modes = bench.modes if args.mode is not None and not alone else None
     timing_modes = modes is not None
-    defaults = {**OPTIONS, **bench.defaults, **(modes or {})}
+    defaults = {**OPTIONS, **bench.defaults, **(modes or {}), **(ALONE if alone else {})}
     resolved = argparse.Namespace(**vars(args))
     for option, value in defaults.items():
         if getattr(resolved, option, None) is None:

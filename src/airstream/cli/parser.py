@@ -293,7 +293,13 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--mode",
         choices=["reduce-overhead", "max-autotune", "both"],
         default=None,
-        help="branches-pointwise, moe: the airstream modes to time (default both)",
+        help="branches-pointwise, moe, decode --alone: the airstream modes to time (default both)",
+    )
+    bench.add_argument(
+        "--alone",
+        action="store_true",
+        help="decode: each runner in a fresh process per round (one stream and auto_streams "
+        "per --mode, and Inductor), as a serving process runs one configuration",
     )
     bench.add_argument(
         "--no-compile-time",
