@@ -2,27 +2,20 @@
 engine, each engine in its own process, the engines taking turns.
 
 Runners, each a ``vllm.LLM`` with ``compilation_config={"mode": 2, "backend": ...}``:
+``inductor`` (vLLM's default on CPU), and airstream's ``one_stream``, ``shared_expert``
+(``shared_expert_overlap``) and ``auto_streams`` (``airstream.compat.vllm``).
 
-- ``inductor``: vLLM's default on CPU (mode 2 with Inductor);
-- ``one stream``: airstream, nothing on a side stream (``airstream.compat.vllm.one_stream``);
-- ``shared_expert``: the shared expert on a side stream, always (``...vllm.shared_expert``);
-- ``auto_streams``: as ``auto_streams`` decides, kept per size range only where it measured
-  faster than one stream (``...vllm.auto_streams``).
+Each engine process builds its engine, warms every shape up (the compile, and ``auto_streams``'
+decisions, happen there), then serves the parent's commands over a pipe, the engines in turn,
+in a new order each round. A command is a batch of ``B`` prompts of 16 tokens: ``generate`` with
+1 new token (the prefill), then with ``1 + steps``; the difference over ``steps`` is one decode
+step of ``B`` sequences (tokens/s = ``B`` / step). The prefill row is 4 prompts of 128 tokens.
+Step times are medians over the rounds; ratios, medians of the rounds' ratios. Prefix caching
+is off; every runner's greedy tokens are compared with ``inductor``'s.
 
-Each engine process builds its engine, then warms every shape up (the compile, and
-``auto_streams``' measured decisions, happen there), then serves commands from the parent over a
-pipe. The parent sends the same command to each runner in turn, in a new order each round, and
-keeps medians. A command is a batch of ``B`` prompts of 16 tokens: ``generate`` with 1 new token
-(the prefill and the first token), then with ``1 + steps`` new tokens; the difference over
-``steps`` is one decode step of ``B`` sequences, as vLLM's scheduler runs it (tokens/s =
-``B`` / step). The prefill row is 4 prompts of 128 tokens, 1 new token. vLLM's prefix cache is
-off (every round would hit it otherwise). Greedy tokens of every runner are compared with
-``inductor``'s.
-
-Conditions: vLLM's CPU defaults (its OpenMP threads unbound on 2 cores,
-``VLLM_CPU_OMP_THREADS_BIND=nobind``; ``GOMP_SPINCOUNT=10000`` in every engine so an idle engine
-waiting on its pipe does not spin on a core the running one needs); ``auto_streams`` measures
-anew in every run (``AIRSTREAM_DECISIONS=off``); Inductor's caches warm after the first run.
+Conditions: vLLM's CPU defaults (OpenMP threads unbound on 2 cores); ``GOMP_SPINCOUNT=10000``
+in every engine, so an idle one waiting on its pipe does not spin on a core the running one
+needs; ``AIRSTREAM_DECISIONS=off`` (every run measures anew); Inductor's caches warm.
 """
 
 from __future__ import annotations
@@ -153,11 +146,9 @@ def _timed(llm: Any, command: dict[str, Any]) -> dict[str, Any]:
     batch, length, steps, seed = (command[k] for k in ("batch", "length", "steps", "seed"))
     start = time.perf_counter()
     generate(llm, batch, length, 1, seed)
-    first = time.perf_counter() - start
-    start = time.perf_counter()
+    first, start = time.perf_counter() - start, time.perf_counter()
     tokens = generate(llm, batch, length, 1 + steps, seed) if steps else []
-    whole = time.perf_counter() - start
-    return {"first_s": first, "whole_s": whole, "tokens": tokens}
+    return {"first_s": first, "whole_s": time.perf_counter() - start, "tokens": tokens}
 
 
 def side_stream_ops(graph: Any) -> dict[str, dict[str, int]]:
@@ -333,7 +324,8 @@ def run_vllm(rounds: int, steps: int, hidden: int, layers: int) -> dict[str, Any
         rows[key] = {
             "ms": ms,
             "tokens_per_s": {name: tokens / (m / 1e3) for name, m in ms.items()},
-            "vs_inductor": {name: ms["inductor"] / m for name, m in ms.items()},
+            "vs_inductor": _paired(per, "inductor"),
+            "vs_one_stream": _paired(per, "one stream"),
             "tokens_equal_inductor": same[key],
         }
     return {
@@ -346,6 +338,14 @@ def run_vllm(rounds: int, steps: int, hidden: int, layers: int) -> dict[str, Any
         "rows": rows,
         "placements": placements,
         "live": live,
+    }
+
+
+def _paired(per: dict[str, list[float]], base: str) -> dict[str, float]:
+    """Per runner, the median of ``base``'s step time over its own, round by round."""
+    return {
+        n: statistics.median(b / t for b, t in zip(per[base], times, strict=True))
+        for n, times in per.items()
     }
 
 
@@ -371,13 +371,14 @@ def format_vllm(report: dict[str, Any]) -> str:
             mark = "" if row["tokens_equal_inductor"][n] else " (tokens differ)"
             cells.append(f"{row['ms'][n]:8.2f} ms {row['vs_inductor'][n]:5.2f}x{mark}")
         lines.append(f"  {key:<11}" + "".join(f"{c:>22}" for c in cells))
-    lines.append(
-        "  x: Inductor's step time over the runner's (above 1: faster than vLLM's default)"
-    )
+    lines.append("  x: Inductor's step time over the runner's, the median of the rounds' ratios")
+    for n in names[2:]:
+        ratios = ", ".join(f"{k} {r['vs_one_stream'][n]:.2f}x" for k, r in report["rows"].items())
+        lines.append(f"  {n} / one stream, per row: {ratios}")
     sequences, steps = LIVE
     lines.append(
-        f"  live steps ({sequences} prompts x {steps} new tokens, engine.step() timed): the "
-        "first after start-up against the steady state, p50 / p99 ms"
+        f"  live steps ({sequences} prompts x {steps} new tokens, engine.step() timed), the first "
+        "after start-up / the steady state, p50 / p99 ms:"
     )
     for name, live in report.get("live", {}).items():
         first, steady = live["first"], live["steady"]
@@ -391,8 +392,7 @@ def format_vllm(report: dict[str, Any]) -> str:
         for graph in graphs:
             sides = graph["side_streams"] or "nothing on a side stream"
             lines.append(f"  {name}, {graph['kind']} graph: {sides}")
-            for line in (graph["measured"] or "").splitlines():
-                lines.append(f"    {line}")
+            lines += [f"    {line}" for line in (graph["measured"] or "").splitlines()]
     return "\n".join(lines)
 
 
