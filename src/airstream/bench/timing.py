@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -13,6 +13,7 @@ import torch
 from airstream.runtime.cuda_graphs import capture_statuses
 
 __all__ = [
+    "paired_ratios",
     "MEASURING_CALLS",
     "checked_medians",
     "interleaved_medians",
@@ -132,3 +133,12 @@ def cuda_graphs(backends: Mapping[str, Any]) -> dict[str, list[str]]:
         for name, b in backends.items()
     }
     return {name: statuses for name, statuses in found.items() if statuses}
+
+
+def paired_ratios(per: Mapping[str, Sequence[float]], base: str) -> dict[str, float]:
+    """Per runner, the median over rounds of ``base``'s time over the runner's in that round
+    (the runners of a round ran one after another, so a drift of the machine hits both)."""
+    return {
+        n: statistics.median(b / t for b, t in zip(per[base], times, strict=True))
+        for n, times in per.items()
+    }

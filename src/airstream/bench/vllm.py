@@ -20,6 +20,7 @@ needs; ``AIRSTREAM_DECISIONS=off`` (every run measures anew); Inductor's caches 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import operator
 import os
@@ -31,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from airstream.bench.timing import paired_ratios
 
 __all__ = ["BATCHES", "RUNNERS", "Engine", "format_vllm", "run_vllm", "save_tiny_moe"]
 
@@ -190,6 +193,7 @@ def _placements(compilation: dict[str, Any]) -> list[dict[str, Any]]:
             "kind": graph.kind,
             "side_streams": side_stream_ops(graph),
             "measured": None if graph.measurements is None else graph.measurements.describe(),
+            "code": hashlib.sha1(graph.executor.code.encode()).hexdigest()[:12],
         }
         for graph in compiled.graphs
     ]
@@ -324,8 +328,8 @@ def run_vllm(rounds: int, steps: int, hidden: int, layers: int) -> dict[str, Any
         rows[key] = {
             "ms": ms,
             "tokens_per_s": {name: tokens / (m / 1e3) for name, m in ms.items()},
-            "vs_inductor": _paired(per, "inductor"),
-            "vs_one_stream": _paired(per, "one stream"),
+            "vs_inductor": paired_ratios(per, "inductor"),
+            "vs_one_stream": paired_ratios(per, "one stream"),
             "tokens_equal_inductor": same[key],
         }
     return {
@@ -338,14 +342,6 @@ def run_vllm(rounds: int, steps: int, hidden: int, layers: int) -> dict[str, Any
         "rows": rows,
         "placements": placements,
         "live": live,
-    }
-
-
-def _paired(per: dict[str, list[float]], base: str) -> dict[str, float]:
-    """Per runner, the median of ``base``'s step time over its own, round by round."""
-    return {
-        n: statistics.median(b / t for b, t in zip(per[base], times, strict=True))
-        for n, times in per.items()
     }
 
 
@@ -372,9 +368,12 @@ def format_vllm(report: dict[str, Any]) -> str:
             cells.append(f"{row['ms'][n]:8.2f} ms {row['vs_inductor'][n]:5.2f}x{mark}")
         lines.append(f"  {key:<11}" + "".join(f"{c:>22}" for c in cells))
     lines.append("  x: Inductor's step time over the runner's, the median of the rounds' ratios")
+    codes = {n: [g.get("code") for g in gs] for n, gs in report["placements"].items()}
     for n in names[2:]:
         ratios = ", ".join(f"{k} {r['vs_one_stream'][n]:.2f}x" for k, r in report["rows"].items())
-        lines.append(f"  {n} / one stream, per row: {ratios}")
+        same = codes[n] == codes["one stream"] and None not in codes[n]
+        same_text = " (the same code as one stream's)" if same else ""
+        lines.append(f"  {n} / one stream, per row{same_text}: {ratios}")
     sequences, steps = LIVE
     lines.append(
         f"  live steps ({sequences} prompts x {steps} new tokens, engine.step() timed), the first "
