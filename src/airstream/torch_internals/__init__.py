@@ -5,8 +5,8 @@ torch's private modules (``torch._dynamo``, ``torch._inductor``, ``torch._functo
 the node-meta keys torch's own passes write or read (the partitioner's tag, Inductor's output
 strides) change between releases without notice. No other airstream module touches them
 (``tests/test_torch_internals.py`` scans the source tree for that); they call the accessors this
-package exports. ``registry`` holds the features, probes and checks; ``core``, ``inductor`` and
-``tools`` the features of each part of airstream.
+package exports. ``registry`` holds the features, probes and checks; ``core``, ``inductor``,
+``caching``, ``dynamo``, ``collectives`` and ``tools`` the features of each part of airstream.
 
 Each private API is a :class:`Feature`: a name, the group of airstream functionality that needs it,
 what it is used for, and a probe that checks it exists with the shape airstream relies on (an
@@ -42,6 +42,13 @@ from airstream.torch_internals.caching import (
     skip_guard_check,
     takes_self,
     traced_sources,
+)
+from airstream.torch_internals.collectives import (
+    collective_op,
+    fake_store,
+    functional_collectives,
+    process_group,
+    python_process_group,
 )
 from airstream.torch_internals.core import (
     COLLECTIVE_NAMESPACES,
@@ -88,6 +95,17 @@ from airstream.torch_internals.cuda import (
     foreach_copy,
     release_pool,
     storage_use_count,
+)
+from airstream.torch_internals.dynamo import (
+    compiled_frames,
+    dynamo_graph_break,
+    dynamo_unsupported,
+    lookup_backend,
+    mark_dynamic,
+    mark_unbacked,
+    register_backend,
+    remove_from_dynamo_cache,
+    reset_dynamo,
 )
 from airstream.torch_internals.functionalize import (
     FunctionalizedCall,
@@ -174,27 +192,13 @@ from airstream.torch_internals.streams import (
 )
 from airstream.torch_internals.tools import (
     aot_eager,
-    collective_op,
     compile_fx,
-    compiled_frames,
-    dynamo_graph_break,
-    dynamo_unsupported,
-    fake_store,
     flop_formula,
-    functional_collectives,
-    lookup_backend,
-    mark_dynamic,
-    mark_unbacked,
     opinfo_database,
     opinfo_tolerance_decorators,
-    process_group,
     profile_all_threads_config,
-    python_process_group,
     record_function_enter,
     record_function_exit,
-    register_backend,
-    remove_from_dynamo_cache,
-    reset_dynamo,
     saved_tensor_hooks_set,
     size_hint,
     tree_flatten,

@@ -1,5 +1,6 @@
 """Private torch APIs of airstream's tools: the flop counter's formulas (auto_streams), profiler
-ranges, explain, functional collectives, the OpInfo sweep and what the test suite needs."""
+ranges, the OpInfo sweep and the reference compilers the test suite needs (Dynamo's own entry
+points are in ``dynamo``, the collectives' in ``collectives``)."""
 
 from __future__ import annotations
 
@@ -12,20 +13,11 @@ import torch
 import torch.autograd.profiler
 import torch.fx
 
-from airstream.torch_internals.core import OpOverload
 from airstream.torch_internals.registry import (
     _attr,
     _feature,
     _get,
     _takes,
-)
-
-_COLLECTIVE_OPS = (
-    "all_reduce",
-    "all_gather_into_tensor",
-    "reduce_scatter_tensor",
-    "all_to_all_single",
-    "wait_tensor",
 )
 
 # --- auto_streams: the flop counter's formulas ----------------------------------------------
@@ -145,218 +137,6 @@ def _probe_saved_tensor_hooks_top() -> Callable[[bool], Any]:
 def saved_tensor_hooks_set() -> bool:
     """Whether this thread has saved-tensor default hooks set (``saved_tensors_hooks``)."""
     return _get("saved_tensor_hooks_top")(True) is not None
-
-
-# --- explain ----------------------------------------------------------------------------------
-
-
-@_feature(
-    "dynamo_explain",
-    "torch._dynamo.exc.Unsupported and torch._dynamo.eval_frame.remove_from_cache",
-    "explain",
-    "finding graph breaks and compiling a model without keeping its compiled code",
-)
-def _probe_dynamo_explain() -> tuple[type, Callable[[Any], None]]:
-    unsupported = _attr("torch._dynamo.exc:Unsupported")
-    if not issubclass(unsupported, Exception):
-        raise TypeError("torch._dynamo.exc.Unsupported is not an exception")
-    return unsupported, _attr("torch._dynamo.eval_frame:remove_from_cache")
-
-
-def dynamo_unsupported() -> type[Exception]:
-    """The exception Dynamo raises for a graph break under ``fullgraph=True``."""
-    return _get("dynamo_explain")[0]
-
-
-def remove_from_dynamo_cache(fn: Any) -> None:
-    """Drop Dynamo's compiled code for ``fn`` (the next compile starts afresh)."""
-    _get("dynamo_explain")[1](fn)
-
-
-@_feature(
-    "dynamo_frames",
-    "torch._dynamo.reset, torch._dynamo.utils.counters['frames'] and "
-    "torch._dynamo.decorators.mark_unbacked",
-    "testing",
-    "airstream selftest microbatch (a fresh Dynamo per graph, its compiles counted) and tests "
-    "of unbacked sizes",
-)
-def _probe_dynamo_frames() -> tuple[Callable[[], None], Any, Callable[..., None]]:
-    counters = _attr("torch._dynamo.utils:counters")
-    if not hasattr(counters["frames"], "clear"):
-        raise TypeError("torch._dynamo.utils.counters['frames'] is not a counter")
-    return (
-        _attr("torch._dynamo:reset"),
-        counters,
-        _attr("torch._dynamo.decorators:mark_unbacked"),
-    )
-
-
-def reset_dynamo() -> None:
-    """Forget every frame Dynamo compiled, and its compile counts."""
-    reset, counters, _ = _get("dynamo_frames")
-    reset()
-    counters["frames"].clear()
-
-
-def compiled_frames() -> int:
-    """How many frames Dynamo compiled since :func:`reset_dynamo`."""
-    return int(_get("dynamo_frames")[1]["frames"]["ok"])
-
-
-def mark_unbacked(tensor: torch.Tensor, dim: int) -> None:
-    """Make ``tensor``'s dimension ``dim`` an unbacked size when Dynamo traces it (0 and 1
-    included)."""
-    _get("dynamo_frames")[2](tensor, dim)
-
-
-@_feature("graph_break", "torch._dynamo.graph_break", "testing", "tests that force graph breaks")
-def _probe_graph_break() -> Callable[[], None]:
-    return _attr("torch._dynamo:graph_break")
-
-
-def dynamo_graph_break() -> Callable[[], None]:
-    """The function that forces a Dynamo graph break where it is called (tests; resolve it
-    outside compiled code)."""
-    return _get("graph_break")
-
-
-@_feature(
-    "backend_registry",
-    "torch._dynamo.backends.registry.lookup_backend",
-    "testing",
-    "checking that torch.compile(backend='airstream') resolves to airstream's entry point",
-)
-def _probe_backend_registry() -> Callable[[str], Any]:
-    return _attr("torch._dynamo.backends.registry:lookup_backend")
-
-
-def lookup_backend(name: str) -> Any:
-    """The callable torch.compile uses for ``backend=name``."""
-    return _get("backend_registry")(name)
-
-
-@_feature(
-    "mark_dynamic",
-    "torch._dynamo.mark_dynamic",
-    "torchair",
-    "torchair.inference.set_dim_gears: the dims it names become dynamic",
-)
-def _probe_mark_dynamic() -> Callable[..., None]:
-    return _attr("torch._dynamo:mark_dynamic")
-
-
-def mark_dynamic(t: Any, dim: int) -> None:
-    """Compile ``t``'s dim ``dim`` as a dynamic size."""
-    _get("mark_dynamic")(t, dim)
-
-
-@_feature(
-    "register_backend",
-    "torch._dynamo.register_backend and torch._dynamo.list_backends",
-    "torchair",
-    "torch.compile(backend='npu') in TorchAir scripts, as torch_npu registers it",
-)
-def _probe_register_backend() -> tuple[Callable[..., Any], Callable[..., Any]]:
-    return _attr("torch._dynamo:register_backend"), _attr("torch._dynamo:list_backends")
-
-
-def register_backend(name: str, compiler_fn: Callable[..., Any]) -> None:
-    """Make ``torch.compile(backend=name)`` use ``compiler_fn`` (once; later calls keep the
-    first)."""
-    register, listed = _get("register_backend")
-    if name not in listed(exclude_tags=()):
-        register(compiler_fn, name=name)
-
-
-# --- collectives ------------------------------------------------------------------------------
-
-
-@_feature(
-    "functional_collectives",
-    "torch.distributed._functional_collectives and the torch.ops._c10d_functional ops "
-    + ", ".join(_COLLECTIVE_OPS),
-    "collectives",
-    "compiling torch.distributed collectives and the tensor-parallel benchmark",
-)
-def _probe_functional_collectives() -> Any:
-    if not torch.distributed.is_available():
-        raise RuntimeError("torch.distributed is not available in this torch build")
-    namespace = torch.ops._c10d_functional
-    for name in _COLLECTIVE_OPS:
-        getattr(namespace, name).default  # noqa: B018 (resolving the op is the probe)
-    module = importlib.import_module("torch.distributed._functional_collectives")
-    for name in ("all_reduce", "all_gather_tensor", "reduce_scatter_tensor", "wait_tensor"):
-        getattr(module, name)
-    return module
-
-
-def functional_collectives() -> Any:
-    """``torch.distributed._functional_collectives`` (traceable collectives)."""
-    return _get("functional_collectives")
-
-
-@_feature(
-    "python_process_group",
-    "torch.distributed.ProcessGroup subclassed in Python (allreduce, alltoall_base returning a "
-    "torch.distributed._Work), found by name through "
-    "torch._C._distributed_c10d._register_process_group",
-    "collectives",
-    "airstream bench microbatch --comm modelled (communication as a modelled delay)",
-)
-def _probe_python_process_group() -> Any:
-    if not torch.distributed.is_available():
-        raise RuntimeError("torch.distributed is not available in this torch build")
-    c10d = importlib.import_module("torch._C._distributed_c10d")
-    return torch.distributed.ProcessGroup, torch.distributed._Work, c10d._register_process_group
-
-
-def python_process_group() -> tuple[Any, Any, Callable[[str, Any], None]]:
-    """``(ProcessGroup, Work, register(name, group))``: the base classes of a process group
-    written in Python, and the call that lets functional collectives find it by ``name``."""
-    found: tuple[Any, Any, Callable[[str, Any], None]] = _get("python_process_group")
-    return found
-
-
-def collective_op(name: str) -> OpOverload:
-    """The aten-level op of a functional collective: ``collective_op("all_reduce")``."""
-    _get("functional_collectives")
-    return getattr(torch.ops._c10d_functional, name).default
-
-
-@_feature(
-    "process_group_by_name",
-    "torch.distributed.distributed_c10d._resolve_process_group(group_name)",
-    "collectives",
-    "microbatch_overlap's ranks agreeing over the process group its collectives name",
-)
-def _probe_process_group_by_name() -> Callable[[str], Any]:
-    if not torch.distributed.is_available():
-        raise RuntimeError("torch.distributed is not available in this torch build")
-    resolve: Callable[[str], Any] = _attr(
-        "torch.distributed.distributed_c10d:_resolve_process_group"
-    )
-    return resolve
-
-
-def process_group(name: str) -> Any:
-    """The process group a functional collective names (its ``group_name`` argument)."""
-    return _get("process_group_by_name")(name)
-
-
-@_feature(
-    "fake_process_group",
-    "torch.testing._internal.distributed.fake_pg.FakeStore",
-    "testing",
-    "tests of collectives on torch's in-process fake process group",
-)
-def _probe_fake_process_group() -> type:
-    return _attr("torch.testing._internal.distributed.fake_pg:FakeStore")
-
-
-def fake_store() -> Any:
-    """A store for ``dist.init_process_group("fake", ...)``."""
-    return _get("fake_process_group")()
 
 
 # --- selftest: the OpInfo sweep ---------------------------------------------------------------
