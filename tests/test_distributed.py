@@ -7,16 +7,14 @@ airstream on both, and compares with a single-process reference. Marked ``distri
 
 from __future__ import annotations
 
-import os
-import socket
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from tests.conftest import slow
 
+from airstream.bench.ranks import run_ranks
 from airstream.torch_internals import functional_collectives
 
 funcol = functional_collectives()
@@ -27,12 +25,6 @@ WORLD = 2
 # the default set's 2-rank test
 _FAST = "tests/test_distributed.py::test_collectives_on_two_streams_match_a_single_process"
 TIMEOUT_S = 120
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _weights() -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,23 +126,12 @@ def _tp_case(rank: int, train: bool) -> tuple[Any, ...]:
     return grads, x.grad.tolist()
 
 
-def _worker(rank: int, port: int, case: str, results: Any) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    try:
-        if case.startswith("streams:"):
-            out: tuple[Any, ...] = _streams_case(rank, case.split(":", 1)[1])
-        elif case == "all-collectives":
-            out = _all_collectives_case(rank)
-        else:
-            out = _tp_case(rank, train=case == "tp-train")
-        results.put((rank, *out, None))
-    except BaseException as exc:  # reported to the test, which fails with it
-        results.put((rank, repr(exc)))
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int, world: int, case: str) -> tuple[Any, ...]:
+    if case.startswith("streams:"):
+        return _streams_case(rank, case.split(":", 1)[1])
+    if case == "all-collectives":
+        return _all_collectives_case(rank)
+    return _tp_case(rank, train=case == "tp-train")
 
 
 def _reference() -> torch.Tensor:
@@ -162,25 +143,7 @@ def _reference() -> torch.Tensor:
 
 
 def _run(case: str) -> dict[int, tuple[Any, ...]]:
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, port, case, results)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    out = {}
-    try:
-        for _ in range(WORLD):
-            rank, *rest = results.get(timeout=TIMEOUT_S)
-            if len(rest) == 1:
-                raise AssertionError(f"rank {rank} failed: {rest[0]}")
-            out[rank] = tuple(rest[:-1])
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-    return out
+    return run_ranks(WORLD, _worker, case, timeout_s=TIMEOUT_S, what=case)
 
 
 @pytest.mark.parametrize(

@@ -20,9 +20,9 @@ import pytest
 import torch
 import torch.distributed as dist
 from tests.conftest import slow
-from tests.ranks import run_ranks
 
 import airstream
+from airstream.bench.ranks import run_ranks
 from airstream.passes.auto.microbatch import UNSPLIT_KEY, MicrobatchSplit
 from airstream.passes.auto.token_dims import Mixed, Positions, Rows, Stop, label_nodes
 from airstream.runtime.measured import ONE_STREAM, PLACED, MeasuredExecutor

@@ -545,7 +545,7 @@ def _subgroup_case(rank: int, world: int) -> dict[str, Any]:
 
 @pytest.mark.distributed
 def test_ranks_agree_over_their_own_group_and_refuse_together() -> None:
-    from tests.ranks import run_ranks
+    from airstream.bench.ranks import run_ranks
 
     got = run_ranks(3, _subgroup_case)
     assert got[2] == {}

@@ -6,10 +6,9 @@ Each reference model (:mod:`airstream.bench.microbatch_models`: a tensor-paralle
 shared expert, ``moe``: as many collectives, two a layer; experts ``2 x nproc``, top 2) runs on
 ``nproc`` gloo ranks over localhost (1 intra-op thread each), or, with ``comm="modelled"``, in one
 process whose collectives are modelled delays (:mod:`airstream.bench.modelled_comm`: ``alpha +
-beta * bytes``, the GIL released: the schedule's quality apart from this machine's memory-copy
-contention). For
-each token count, interleaved rounds with medians (each rank's median, the slowest rank's
-reported: a step takes as long as its slowest rank) of:
+beta * bytes``, the GIL released: the schedule apart from this machine's copy contention). For
+each token count, interleaved rounds with medians (the slowest rank's: a step takes as long as
+its slowest rank) of:
 
 * ``hand unsplit`` and ``hand split``: the model written by hand in eager PyTorch Domino-style
   (each micro-batch a generator that yields after issuing a collective with ``async_op=True``;
@@ -29,9 +28,8 @@ communication can be hidden (with a collective per layer).
 
 from __future__ import annotations
 
+import functools
 import itertools
-import os
-import socket
 import statistics
 import time
 from collections.abc import Generator, Iterator, Sequence
@@ -40,6 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from airstream.bench.ranks import run_in_child, run_ranks
 from airstream.bench.timing import MEASURING_CALLS, run_conditions
 
 __all__ = ["MICROBATCH_MODELS", "SIZES", "format_microbatch", "run_microbatch"]
@@ -250,10 +249,8 @@ def bench_rank(
                     modelled.scale = 1.0
             labels = list(samples)
             medians = _slowest([statistics.median(samples[k]) for k in labels])
-            decision = ""
             graphs = [g for g in measured.graphs if g.measurement is not None]
-            if graphs:
-                decision = graphs[-1].measurement.describe()
+            decision = graphs[-1].measurement.describe() if graphs else ""
             per_size[str(tokens)] = {
                 "ms": {k: 1e3 * v for k, v in zip(labels, medians, strict=True)},
                 "max_rel_error": errors,
@@ -265,38 +262,12 @@ def bench_rank(
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _rank_main(rank: int, world: int, port: int, params: dict[str, Any], results: Any) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        results.put((rank, bench_rank(rank, world, **params)))
-    except BaseException as exc:  # reported by the parent
-        results.put((rank, {"error": repr(exc)}))
-        raise
-    finally:
-        dist.destroy_process_group()
-
-
-def _modelled_main(
-    world: int, alpha: float, beta: float, params: dict[str, Any], results: Any
-) -> None:
+def _modelled_main(world: int, alpha: float, beta: float, params: dict[str, Any]) -> Any:
     from airstream.bench.modelled_comm import init_modelled
 
-    torch.set_num_threads(1)
     group = init_modelled(world, alpha, beta)
     try:
-        results.put((0, bench_rank(0, world, modelled=group, **params)))
-    except BaseException as exc:
-        results.put((0, {"error": repr(exc)}))
-        raise
+        return bench_rank(0, world, modelled=group, **params)
     finally:
         dist.destroy_process_group()
 
@@ -315,11 +286,7 @@ def run_microbatch(
 ) -> dict[str, Any]:
     """Spawn the ranks (``comm="gloo"``: ``nproc`` processes; ``"modelled"``: one process
     modelling ``nproc`` ranks) and collect the report."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    params = {
+    params: dict[str, Any] = {
         "models": tuple(models),
         "sizes": tuple(sizes),
         "layers": layers,
@@ -327,36 +294,15 @@ def run_microbatch(
         "rounds": rounds,
         "calls": calls,
     }
+    what = "bench microbatch"
     if comm == "gloo":
-        port = _free_port()
-        procs = [
-            ctx.Process(target=_rank_main, args=(r, nproc, port, params, results))
-            for r in range(nproc)
-        ]
+        each = functools.partial(bench_rank, **params)
+        by_rank = run_ranks(nproc, each, timeout_s=3600, what=what)
     elif comm == "modelled":
-        procs = [
-            ctx.Process(
-                target=_modelled_main,
-                args=(nproc, alpha_us * 1e-6, beta_ns_per_byte * 1e-9, params, results),
-            )
-        ]
+        model = (nproc, alpha_us * 1e-6, beta_ns_per_byte * 1e-9, params)
+        by_rank = {0: run_in_child(_modelled_main, *model, timeout_s=3600, what=what)}
     else:
         raise ValueError(f"bench microbatch: comm must be 'gloo' or 'modelled', got {comm!r}")
-    for p in procs:
-        p.start()
-    by_rank: dict[int, dict[str, Any]] = {}
-    try:
-        for _ in procs:
-            rank, report = results.get(timeout=3600)
-            by_rank[rank] = report
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    errors = {r: rep["error"] for r, rep in by_rank.items() if "error" in rep}
-    if errors:
-        raise RuntimeError(f"bench microbatch: ranks failed: {errors}")
     return {
         "benchmark": "microbatch",
         "comm": comm,

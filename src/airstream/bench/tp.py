@@ -17,13 +17,13 @@ move: main computes the branch while ``comm`` waits for the sum).
 
 from __future__ import annotations
 
-import os
-import socket
+import functools
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from airstream.bench.ranks import run_ranks
 from airstream.bench.timing import run_conditions
 from airstream.torch_internals import functional_collectives
 
@@ -133,26 +133,6 @@ class TPReference(torch.nn.Module):
         return x
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank_main(rank: int, world: int, port: int, params: dict[str, Any], results: Any) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        results.put((rank, _rank_bench(rank, world, **params)))
-    except BaseException as exc:  # reported by the parent
-        results.put((rank, {"error": repr(exc)}))
-        raise
-    finally:
-        dist.destroy_process_group()
-
-
 def _rank_bench(
     rank: int, world: int, layers: int, tokens: int, hidden: int, rounds: int, calls: int
 ) -> dict[str, Any]:
@@ -215,11 +195,6 @@ def run_tp(
     calls: int = 10,
 ) -> dict[str, Any]:
     """Spawn ``nproc`` gloo ranks, time the runners on each; rank 0's figures and the others'."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
     params = {
         "layers": layers,
         "tokens": tokens,
@@ -227,24 +202,7 @@ def run_tp(
         "rounds": rounds,
         "calls": calls,
     }
-    procs = [
-        ctx.Process(target=_rank_main, args=(r, nproc, port, params, results)) for r in range(nproc)
-    ]
-    for p in procs:
-        p.start()
-    by_rank: dict[int, dict[str, Any]] = {}
-    try:
-        for _ in range(nproc):
-            rank, report = results.get(timeout=900)
-            by_rank[rank] = report
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    errors = {r: rep["error"] for r, rep in by_rank.items() if "error" in rep}
-    if errors:
-        raise RuntimeError(f"bench tp: ranks failed: {errors}")
+    by_rank = run_ranks(nproc, functools.partial(_rank_bench, **params), what="bench tp")
     base = by_rank[0]["ms"]["airstream 1 stream"]
     return {
         "benchmark": "tp",
