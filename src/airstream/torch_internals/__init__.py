@@ -5,8 +5,9 @@ torch's private modules (``torch._dynamo``, ``torch._inductor``, ``torch._functo
 the node-meta keys torch's own passes write or read (the partitioner's tag, Inductor's output
 strides) change between releases without notice. No other airstream module touches them
 (``tests/test_torch_internals.py`` scans the source tree for that); they call the accessors this
-package exports. ``registry`` holds the features, probes and checks; ``core``, ``inductor``,
-``caching``, ``dynamo``, ``collectives`` and ``tools`` the features of each part of airstream.
+package exports. ``registry`` holds the features, probes and checks; ``core``, ``node_meta``,
+``aot``, ``inductor``, ``caching``, ``dynamo``, ``collectives`` and ``tools`` the features of each
+part of airstream.
 
 Each private API is a :class:`Feature`: a name, the group of airstream functionality that needs it,
 what it is used for, and a probe that checks it exists with the shape airstream relies on (an
@@ -27,6 +28,14 @@ all of them on every supported torch).
 
 from __future__ import annotations
 
+from airstream.torch_internals.aot import (
+    aot_autograd,
+    aot_module_simplified,
+    keep_in_forward,
+    min_cut_partition,
+    saved_for_backward_start,
+    static_input_indices,
+)
 from airstream.torch_internals.caching import (
     aot_compile,
     bundling_compile,
@@ -57,33 +66,17 @@ from airstream.torch_internals.core import (
     OperatorBase,
     OpOverload,
     OpOverloadPacket,
-    annotate,
-    aot_autograd,
-    aot_module_simplified,
     collective_op_name,
-    copy_trace_meta,
     detect_fake_mode,
-    drop_frames_under,
     dynamo_skip,
     eval_frame_callback_getter,
-    generated_node_index,
     guards_suppressed,
     is_higher_order,
-    keep_in_forward,
-    min_cut_partition,
-    module_attributes,
-    module_stack,
-    node_value,
     op_name,
     op_schema,
     profiler_enabled,
     real_tensors,
-    saved_for_backward_start,
-    set_annotations,
     set_grad_enabled,
-    stack_trace,
-    static_input_indices,
-    stream_annotations,
     torch_side_effects,
 )
 from airstream.torch_internals.cpp_build import CppBuild, cpp_build
@@ -151,6 +144,18 @@ from airstream.torch_internals.kernel_gil import (
     kernels_without_gil,
 )
 from airstream.torch_internals.mkl import mkl_thread_setter
+from airstream.torch_internals.node_meta import (
+    annotate,
+    copy_trace_meta,
+    drop_frames_under,
+    generated_node_index,
+    module_attributes,
+    module_stack,
+    node_value,
+    set_annotations,
+    stack_trace,
+    stream_annotations,
+)
 from airstream.torch_internals.registry import (
     FEATURES,
     GROUPS,
