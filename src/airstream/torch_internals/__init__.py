@@ -6,8 +6,8 @@ the node-meta keys torch's own passes write or read (the partitioner's tag, Indu
 strides) change between releases without notice. No other airstream module touches them
 (``tests/test_torch_internals.py`` scans the source tree for that); they call the accessors this
 package exports. ``registry`` holds the features, probes and checks; ``core``, ``node_meta``,
-``aot``, ``inductor``, ``caching``, ``dynamo``, ``collectives`` and ``tools`` the features of each
-part of airstream.
+``aot``, ``inductor``, ``inductor_passes``, ``caching``, ``dynamo``, ``collectives`` and ``tools``
+the features of each part of airstream.
 
 Each private API is a :class:`Feature`: a name, the group of airstream functionality that needs it,
 what it is used for, and a probe that checks it exists with the shape airstream relies on (an
@@ -117,25 +117,27 @@ from airstream.torch_internals.graph_cache import (
 )
 from airstream.torch_internals.inductor import (
     InductorCompiled,
-    apply_patterns,
     binds_symbol,
-    custom_graph_module_pass,
-    custom_graph_pass,
     fxgraph_cache_hits,
     inductor_compile,
     inductor_cpp_compiler,
     inductor_decomposition_table,
-    is_graph_module_pass,
-    is_inductor_pass,
     multiple_of,
-    pattern_pass,
     pin_output_strides,
     plain_symbol,
-    register_pattern,
     size_at,
     tag_original_aten,
-    trace_forward,
     unbound_symbols,
+)
+from airstream.torch_internals.inductor_passes import (
+    apply_patterns,
+    custom_graph_module_pass,
+    custom_graph_pass,
+    is_graph_module_pass,
+    is_inductor_pass,
+    pattern_pass,
+    register_pattern,
+    trace_forward,
 )
 from airstream.torch_internals.kernel_gil import (
     GIL_GUARD,
