@@ -44,6 +44,7 @@ from airstream.passes.auto.token_rules import (
     sortlike,
     unary,
 )
+from airstream.passes.auto.token_slices import SLICE_RULES
 from airstream.torch_internals import OpOverload, collective_op_name
 
 __all__ = [
@@ -131,6 +132,7 @@ _SYM_OPS = {
 _TAKES_POSITIONS = {
     *_KEEPS_POSITIONS,
     *VIEW_RULES,
+    *SLICE_RULES,
     aten.index.Tensor,
     aten.index_select.default,
     aten.gather.default,
@@ -147,6 +149,7 @@ _RULES: dict[Any, Rule] = {
     **{op: cumulative for op in _CUMULATIVE},
     **{op: factory for op in _FACTORIES},
     **VIEW_RULES,
+    **SLICE_RULES,
     **GATHER_RULES,
 }
 

@@ -2,13 +2,13 @@
 (:mod:`airstream.passes.auto.token_labels`) from its inputs'. Every rule reads its op's arguments
 by their schema's names (:func:`airstream.nodes.bound_arguments`), and claims rows only where
 each output row is a function of its own token's rows; anything else is mixed. Views, permutes
-and the ops over one dimension are here; gathers, scatters, matrix multiplies and collectives
-are in :mod:`airstream.passes.auto.token_gathers`."""
+and the ops over one dimension are here; slices, splits and joins are in
+:mod:`airstream.passes.auto.token_slices`; gathers, scatters, matrix multiplies and collectives
+in :mod:`airstream.passes.auto.token_gathers`."""
 
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +32,7 @@ __all__ = [
     "Context",
     "Rule",
     "VIEW_RULES",
+    "dim_of",
     "rows_of_size",
     "same_shape",
     "same_size",
@@ -88,7 +89,7 @@ def same_shape(a: Sequence[Any] | None, b: Sequence[Any] | None) -> bool:
     return all(same_size(x, y) for x, y in zip(a, b, strict=True))
 
 
-def _dim(dim: Any, ndim: int) -> int:
+def dim_of(dim: Any, ndim: int) -> int:
     return int(dim) % ndim if ndim else 0
 
 
@@ -97,7 +98,7 @@ def _dims(dims: Any, ndim: int) -> set[int]:
     if dims is None or (isinstance(dims, (list, tuple)) and not dims):
         return set(range(ndim))
     dims = [dims] if isinstance(dims, int) else dims
-    return {_dim(d, ndim) for d in dims}
+    return {dim_of(d, ndim) for d in dims}
 
 
 def unary(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
@@ -190,11 +191,11 @@ def permute(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
         return Mixed("a permutation of values that are not rows")
     order = list(range(len(src)))
     if node.target is aten.permute.default:
-        order = [_dim(d, len(src)) for d in a["dims"]]
+        order = [dim_of(d, len(src)) for d in a["dims"]]
     elif node.target is aten.t.default:
         order = order[::-1]
     else:
-        x, y = _dim(a["dim0"], len(src)), _dim(a["dim1"], len(src))
+        x, y = dim_of(a["dim0"], len(src)), dim_of(a["dim1"], len(src))
         order[x], order[y] = order[y], order[x]
     if isinstance(lab, Positions):
         return lab if order[0] == 0 else Mixed("positions moved off their rows")
@@ -205,7 +206,7 @@ def unsqueeze(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
     lab, out = ctx.of(a["self"]), shape(node)
     if out is None or not isinstance(lab, (Rows, Positions)):
         return Mixed("an unsqueeze of values that are not rows")
-    at = _dim(a["dim"], len(out))
+    at = dim_of(a["dim"], len(out))
     if isinstance(lab, Positions):
         return lab if at > 0 else Mixed("positions moved off their rows")
     return lab.moved(lab.dim + (1 if at <= lab.dim else 0))
@@ -257,7 +258,7 @@ def along(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
     if not isinstance(lab, Rows):
         return lab
     out = shape(node) or ()
-    if _dim(a["dim"], len(out)) == lab.dim:
+    if dim_of(a["dim"], len(out)) == lab.dim:
         return Mixed("runs over the tokens")
     return lab
 
@@ -285,7 +286,7 @@ def sortlike(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
     if src is None or not isinstance(lab, Rows):
         return Mixed("a sort of values that are not rows")
     indices_only = node.target in (aten.argsort.default, aten.argsort.stable)
-    if _dim(a["dim"], len(src)) != lab.dim:
+    if dim_of(a["dim"], len(src)) != lab.dim:
         return lab if indices_only else (lab, lab)
     if node.target is aten.topk.default:
         return Stop("it keeps the top k over the tokens (capacity dropping)")
@@ -301,7 +302,7 @@ def cumulative(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
     lab, src = ctx.of(a["self"]), shape(a["self"])
     if src is None or not isinstance(lab, Rows):
         return Mixed("a running total of values that are not rows")
-    if _dim(a["dim"], len(src)) == lab.dim:
+    if dim_of(a["dim"], len(src)) == lab.dim:
         return Stop("it counts over the tokens (an expert capacity's positions)")
     return (lab, lab) if node.target in (aten.cummax.default, aten.cummin.default) else lab
 
@@ -369,106 +370,6 @@ def factory(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
     return None
 
 
-def sliced(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
-    """``slice``/``select`` of another dimension keep rows; a slice of the token dimension
-    that keeps it whole (``x[:n]`` with ``n`` its size) is the value itself."""
-    lab, src = ctx.of(a["self"]), shape(a["self"])
-    if src is None or not isinstance(lab, (Rows, Positions)):
-        return Mixed("a slice of values that are not rows")
-    dim = _dim(a["dim"], len(src))
-    token_dim = 0 if isinstance(lab, Positions) else lab.dim
-    if dim != token_dim:
-        if node.target is aten.select.int and isinstance(lab, Rows):
-            return lab.moved(lab.dim - (1 if dim < lab.dim else 0))
-        return lab
-    if node.target is aten.slice.Tensor and _whole_slice(a, src[dim]):
-        return lab
-    return Mixed("a slice of the token dimension")
-
-
-def _at_least(end: Any, size: Any) -> bool:
-    value = end.meta.get("val") if isinstance(end, torch.fx.Node) else end
-    if isinstance(value, int) and value >= sys.maxsize // 2:  # ``x[a:]``: to the end
-        return True
-    if isinstance(value, int) and isinstance(size, int):
-        return value >= size
-    return value is size or (isinstance(value, torch.SymInt) and multiple_of(value, size) == 1)
-
-
-def split(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
-    """split/split_with_sizes/unbind along another dimension: rows in each part."""
-    lab, src = ctx.of(a["self"]), shape(a["self"])
-    if src is None or not isinstance(lab, Rows):
-        return Mixed("a split of values that are not rows")
-    dim = _dim(a.get("dim", 0), len(src))
-    if dim == lab.dim:
-        return Mixed("a split of the token dimension")
-    part = lab.moved(lab.dim - 1) if node.target is aten.unbind.int and dim < lab.dim else lab
-    return tuple(part for _ in node.meta.get("val", ()))
-
-
-def cat(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
-    parts = [ctx.of(p) for p in a["tensors"]]
-    out = shape(node)
-    dim = _dim(a["dim"], len(out) if out else 1)
-    if parts and all(isinstance(p, Rows) and p == parts[0] and p.dim != dim for p in parts):
-        return parts[0]
-    return Mixed("a concatenation mixing rows")
-
-
-def stack(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
-    """Rows alike stacked along a new dimension: still each token's own."""
-    parts = [ctx.of(p) for p in a["tensors"]]
-    out = shape(node)
-    if not out or not parts or not all(isinstance(p, Rows) and p == parts[0] for p in parts):
-        return Mixed("a stack mixing rows")
-    lab = parts[0]
-    assert isinstance(lab, Rows)
-    dim = _dim(a["dim"], len(out))
-    return lab.moved(lab.dim + (1 if dim <= lab.dim else 0))
-
-
-def pad(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
-    """``constant_pad_nd``: rows where the token dimension is not padded."""
-    lab, src = ctx.of(a["self"]), shape(a["self"])
-    if src is None or not isinstance(lab, Rows):
-        return Mixed("a pad of values that are not rows")
-    widths = list(a["pad"])
-    at = 2 * (len(src) - 1 - lab.dim)  # pairs from the last dimension backwards
-    if at < len(widths) and any(not same_size(w, 0) for w in widths[at : at + 2]):
-        return Mixed("it pads the token dimension")
-    return lab
-
-
-def slice_scatter(node: torch.fx.Node, a: dict[str, Any], ctx: Context) -> Label:
-    """``slice_scatter``/``select_scatter`` into another dimension: rows where both are (the
-    result holds the source's rows: a fresh buffer takes their layout); over the whole token
-    dimension (``y[:, :4] = v`` in a dynamic graph), the same."""
-    lab, src, out = ctx.of(a["self"]), ctx.of(a["src"]), shape(node)
-    if out is None or not isinstance(lab, Rows):
-        return Mixed("a slice written into values that are not rows")
-    dim = _dim(a["dim"], len(out))
-    if node.target is aten.select_scatter.default and isinstance(src, Rows):
-        src = src.moved(src.dim + (1 if dim <= src.dim else 0))
-    if dim == lab.dim and not _whole_slice(a, out[dim]):
-        return Mixed("a slice of the token dimension written")
-    if isinstance(src, Rows) and matches(lab, src):
-        return joined(lab, src)
-    size = shape(a["src"])
-    if src is None and size is not None and dim != lab.dim:
-        spans = len(size) == len(out) and not same_size(size[lab.dim], 1)
-        return Mixed("a shared slice spans the tokens") if spans else lab
-    return Mixed("a slice of other rows written")
-
-
-def _whole_slice(a: dict[str, Any], size: Any) -> bool:
-    """A slice's arguments that keep a dimension of ``size`` whole."""
-    if "step" not in a or a["step"] != 1 or a.get("start") not in (None, 0):
-        return False
-    end = a.get("end")
-    return end is None or _at_least(end, size)
-
-
 VIEW_RULES: dict[Any, Rule] = {
     aten.view.default: view,
     aten._unsafe_view.default: view,
@@ -481,16 +382,6 @@ VIEW_RULES: dict[Any, Rule] = {
     aten.squeeze.dim: squeeze,
     aten.squeeze.dims: squeeze,
     aten.expand.default: expand,
-    aten.slice.Tensor: sliced,
-    aten.select.int: sliced,
-    aten.split.Tensor: split,
-    aten.split_with_sizes.default: split,
-    aten.unbind.int: split,
-    aten.cat.default: cat,
-    aten.stack.default: stack,
-    aten.constant_pad_nd.default: pad,
-    aten.slice_scatter.default: slice_scatter,
-    aten.select_scatter.default: slice_scatter,
     aten.native_layer_norm.default: layer_norm,
     aten.native_layer_norm_backward.default: layer_norm_backward,
     aten.floor_divide.default: floor_divided,
