@@ -8,6 +8,7 @@ not pay for them: tests/test_layers.py).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -40,6 +41,21 @@ OPTIONS: Mapping[str, int] = {"rounds": 15, "calls": 5, "tokens": 8, "hidden": 1
 ALONE: Mapping[str, int] = {"rounds": 5, "calls": 6}
 
 
+def _call(module: str, name: str, **options: str) -> Callable[[argparse.Namespace], Report]:
+    """A runner of ``airstream.bench.<module>``: ``run_<name>`` called with each keyword's option
+    (``options``: keyword -> option name), its report as ``format_<name>`` writes it."""
+
+    def run(a: argparse.Namespace) -> Report:
+        bench = importlib.import_module(f"airstream.bench.{module}")
+        report = getattr(bench, f"run_{name}")(**{k: getattr(a, o) for k, o in options.items()})
+        return report, getattr(bench, f"format_{name}")(report)
+
+    return run
+
+
+_TIMED = {"rounds": "rounds", "calls": "calls"}
+
+
 def _models(bench: str, given: str | None, known: Sequence[str]) -> tuple[str, ...]:
     """The models ``--models`` names (all of ``known`` if none); SystemExit(2), after saying why
     on stderr, if it names one ``bench`` does not have."""
@@ -52,13 +68,6 @@ def _models(bench: str, given: str | None, known: Sequence[str]) -> tuple[str, .
         )
         raise SystemExit(2)
     return chosen
-
-
-def _overhead(a: argparse.Namespace) -> Report:
-    from airstream.bench.overhead import format_overhead, run_overhead
-
-    report = run_overhead(ops=a.ops, rounds=a.rounds, calls=a.calls)
-    return report, format_overhead(report)
 
 
 def _batched(a: argparse.Namespace) -> Report:
@@ -74,20 +83,6 @@ def _batched(a: argparse.Namespace) -> Report:
         )
     )
     return report, text
-
-
-def _memory(a: argparse.Namespace) -> Report:
-    from airstream.bench.memory import format_memory, run_memory
-
-    report = run_memory(layers=a.layers, hidden=a.hidden, batch=a.tokens, steps=a.calls)
-    return report, format_memory(report)
-
-
-def _kernel_split(a: argparse.Namespace) -> Report:
-    from airstream.bench.kernel_split import format_kernel_split, run_kernel_split
-
-    report = run_kernel_split(tokens=a.tokens, hidden=a.hidden, rounds=a.rounds, calls=a.calls)
-    return report, format_kernel_split(report)
 
 
 def _passes(a: argparse.Namespace) -> Report:
@@ -124,20 +119,6 @@ def _restart(a: argparse.Namespace) -> Report:
         raise SystemExit(2)
     report = run_restart(models[0] if a.models else "qwen2-moe", cases=cases, rounds=a.rounds)
     return report, format_restart(report)
-
-
-def _tp(a: argparse.Namespace) -> Report:
-    from airstream.bench.tp import format_tp, run_tp
-
-    report = run_tp(
-        nproc=a.nproc,
-        layers=a.layers,
-        tokens=a.tokens,
-        hidden=a.hidden,
-        rounds=a.rounds,
-        calls=a.calls,
-    )
-    return report, format_tp(report)
 
 
 def _microbatch(a: argparse.Namespace) -> Report:
@@ -178,13 +159,6 @@ def _serving(a: argparse.Namespace) -> Report:
     return report, format_serving(report)
 
 
-def _vllm(a: argparse.Namespace) -> Report:
-    from airstream.bench.vllm import format_vllm, run_vllm
-
-    report = run_vllm(rounds=a.rounds, steps=a.tokens, hidden=a.hidden, layers=a.layers)
-    return report, format_vllm(report)
-
-
 def _decode(a: argparse.Namespace) -> Report:
     from airstream.bench.decode import DECODE_MODELS, format_decode, run_decode
 
@@ -214,15 +188,6 @@ def _suite_models(a: argparse.Namespace) -> Report:
     models = _models("suite-models", a.models, tuple(ARCHS))
     report = run_suite_models(models, rounds=a.rounds, calls=a.calls)
     return report, format_suite_models(report)
-
-
-def _threads(a: argparse.Namespace) -> Report:
-    from airstream.bench.threads import format_threads, run_threads
-
-    report = run_threads(
-        experts=a.experts, tokens=a.tokens, hidden=a.hidden, rounds=a.rounds, calls=a.calls
-    )
-    return report, format_threads(report)
 
 
 def _train(a: argparse.Namespace) -> Report:
@@ -289,7 +254,7 @@ def _moe(a: argparse.Namespace) -> Report:
 BENCHES: Mapping[str, Bench] = {
     "overhead": Bench(
         "per-op cost against fx.GraphModule; what one side stream costs",
-        _overhead,
+        _call("overhead", "overhead", ops="ops", **_TIMED),
         {"calls": 100},
     ),
     "moe": Bench(
@@ -319,12 +284,14 @@ BENCHES: Mapping[str, Bench] = {
     ),
     "kernel-split": Bench(
         "fused pointwise chains on 2 streams at 1 thread each: Inductor kernels side by side",
-        _kernel_split,
+        _call("kernel_split", "kernel_split", tokens="tokens", hidden="hidden", **_TIMED),
         {"tokens": 256},
     ),
     "tp": Bench(
         "a tensor-parallel MLP on --nproc ranks, with overlap_communication",
-        _tp,
+        _call(
+            "tp", "tp", nproc="nproc", layers="layers", tokens="tokens", hidden="hidden", **_TIMED
+        ),
         {"tokens": 64, "hidden": 256, "calls": 10},
     ),
     "microbatch": Bench(
@@ -335,7 +302,7 @@ BENCHES: Mapping[str, Bench] = {
     ),
     "memory": Bench(
         "peak memory of a training step and of inference",
-        _memory,
+        _call("memory", "memory", layers="layers", hidden="hidden", batch="tokens", steps="calls"),
         {"tokens": 4096, "layers": 8, "calls": 3},
     ),
     "decode": Bench(
@@ -351,7 +318,7 @@ BENCHES: Mapping[str, Bench] = {
     ),
     "threads": Bench(
         "moe's 2-stream split measured with other threads per stream, beside its steady state",
-        _threads,
+        _call("threads", "threads", experts="experts", tokens="tokens", hidden="hidden", **_TIMED),
     ),
     "train": Bench(
         "training steps of the decode models (--models): auto_streams measured per graph",
@@ -362,7 +329,7 @@ BENCHES: Mapping[str, Bench] = {
     "vllm": Bench(
         "a tiny Qwen2-MoE served by vLLM's CPU build: Inductor, one stream, streams (--tokens:"
         " decode steps per measure)",
-        _vllm,
+        _call("vllm", "vllm", rounds="rounds", steps="tokens", hidden="hidden", layers="layers"),
         {"rounds": 5, "hidden": 256, "layers": 2},
     ),
     "restart": Bench(
