@@ -24,13 +24,18 @@ from airstream.decisions import DecisionStore, decision_store
 from airstream.devices import graph_device
 from airstream.finish import finish_graph
 from airstream.mode import resolve_mode
-from airstream.nodes import AUTO_STREAMS_KEY, CANDIDATES_KEY, MEASUREMENT_KEY, NAMES_KEY
+from airstream.nodes import (
+    AUTO_STREAMS_KEY,
+    CANDIDATES_KEY,
+    MEASUREMENT_KEY,
+    NAMES_KEY,
+    graph_kind,
+)
 from airstream.observers import CompileObserver
 from airstream.passes.auto.candidates import LIST_SCHEDULE, in_original_order, measured_here
 from airstream.passes.auto.microbatch import UNSPLIT_KEY, MicrobatchSplit
 from airstream.passes.auto.rank_agreement import max_over_ranks
-from airstream.passes.builtin import BUILTIN_PASSES, FINAL_PASSES
-from airstream.passes.manager import PassResult
+from airstream.passes.manager import BUILTIN, FINAL, PassManager, PassResult
 from airstream.placements import as_placed, on_one_stream, on_streams
 from airstream.runtime.capture_pool import CapturePool
 from airstream.runtime.codegen import Executor
@@ -258,11 +263,13 @@ def _prepared_unsplit(split: MicrobatchSplit, config: CompilerConfig) -> torch.f
     (once: the measured candidate and the few-token calls share it)."""
     unsplit = split.unsplit
     if not unsplit.meta.get(_PREPARED_KEY):
-        for option, builtin in (*BUILTIN_PASSES, *FINAL_PASSES):
-            if config.get_option(option):
-                builtin(unsplit, split.example_inputs, config)
-            if (option, builtin) == BUILTIN_PASSES[-1]:
-                lower_streams(unsplit, single_stream=True)
+        PassManager(config).run(
+            unsplit,
+            split.example_inputs,
+            graph_kind(unsplit),
+            settle=functools.partial(lower_streams, single_stream=True),
+            stages=(BUILTIN, FINAL),
+        )
         unsplit.meta[_PREPARED_KEY] = True
     return unsplit
 

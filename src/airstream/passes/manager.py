@@ -158,20 +158,23 @@ class PassManager:
         gm: torch.fx.GraphModule,
         example_inputs: Sequence[Any],
         graph_kind: str,
-        settle: Callable[[torch.fx.GraphModule], None] | None = None,
+        settle: Callable[[torch.fx.GraphModule], object] | None = None,
+        stages: Sequence[str] | None = None,
     ) -> list[PassResult]:
-        """Run every pass on ``gm`` in order; return a result per pass. ``settle(gm)`` runs once
-        between the custom post pass(es) and the final built-ins, which read the streams it
-        settles (:func:`airstream.streams.lower_streams`)."""
+        """Run every pass on ``gm`` in order (only those of ``stages`` where given: a graph a
+        pass set aside finishes the stages after it); return a result per pass. ``settle(gm)``
+        runs once between the custom post pass(es) and the final built-ins, which read the
+        streams it settles (:func:`airstream.streams.lower_streams`)."""
         results = []
         self.observer.started(gm, graph_kind)
-        for i, spec in enumerate(self.passes):
+        specs = self.passes if stages is None else [s for s in self.passes if s.stage in stages]
+        for i, spec in enumerate(specs):
             if settle is not None and spec.stage == FINAL:
                 settle(gm)
                 settle = None
             self.observer.before_pass(spec, gm, graph_kind)
             results.append(self._run_one(spec, gm, example_inputs, graph_kind))
-            last_of_stage = i + 1 == len(self.passes) or self.passes[i + 1].stage != spec.stage
+            last_of_stage = i + 1 == len(specs) or specs[i + 1].stage != spec.stage
             if last_of_stage:
                 self.observer.stage_done(spec.stage, gm, graph_kind)
         if settle is not None:
