@@ -16,7 +16,7 @@ from hypothesis import settings
 
 import airstream
 from airstream.backend import AirstreamBackend, CompiledGraph
-from airstream.nodes import MADE_AFTER_KEY
+from airstream.graph.nodes import MADE_AFTER_KEY
 
 # auto_streams decides with fixed nominal figures in tests, so its decisions do not depend on the
 # machine's load; tests/test_calibration.py measures the real ones.
@@ -27,9 +27,9 @@ os.environ.setdefault("AIRSTREAM_DECISIONS", "off")
 # on CPU, max-autotune, is an Inductor compile per segment. tests/test_mode.py tests the default
 # itself; the max-autotune tests set the mode.
 os.environ.setdefault("AIRSTREAM_MODE", "reduce-overhead")
-# torch.compile's graphs are kept in AOTAutograd's cache (airstream.graph_cache). Within a run,
-# a test that compiles a graph an earlier test compiled loads it, which exercises the load path.
-# Across runs, an entry an earlier run saved would serve a test whose pass records what it
+# torch.compile's graphs are kept in AOTAutograd's cache (airstream.compiler.graph_cache). Within a
+# run, a test that compiles a graph an earlier test compiled loads it, which exercises the load
+# path. Across runs, an entry an earlier run saved would serve a test whose pass records what it
 # computed (a load runs no pass). So the tests keep Inductor's caches in a directory of their own
 # and each run starts with its AOTAutograd entries deleted (pytest_configure); the segments' FX
 # graph cache stays, so a second run compiles no kernel the first compiled.
@@ -133,10 +133,10 @@ def sigint_raises() -> Any:
 
 @pytest.fixture
 def finished_graphs(monkeypatch: pytest.MonkeyPatch) -> list[torch.fx.GraphModule]:
-    """Every graph a compile finishes, in order (:func:`airstream.finish.finish_graph` as the
-    compiling and loading call it: the placement, each candidate measured beside it, one
+    """Every graph a compile finishes, in order (:func:`airstream.compiler.finish.finish_graph` as
+    the compiling and loading call it: the placement, each candidate measured beside it, one
     stream)."""
-    import airstream.measuring as measuring
+    import airstream.compiler.measuring as measuring
 
     graphs: list[torch.fx.GraphModule] = []
     finish = measuring.finish_graph
@@ -152,8 +152,8 @@ def finished_graphs(monkeypatch: pytest.MonkeyPatch) -> list[torch.fx.GraphModul
 @pytest.fixture
 def compiled_here() -> Any:
     """torch.compile compiles every graph in this process: AOTAutograd's cache, which would
-    serve a graph an earlier test saved (airstream.graph_cache), is off for the test. For tests
-    that change airstream's own code in place (a monkeypatch is in no cache key) or look at
+    serve a graph an earlier test saved (airstream.compiler.graph_cache), is off for the test. For
+    tests that change airstream's own code in place (a monkeypatch is in no cache key) or look at
     what a pass computed from this compile's example inputs."""
     from airstream import torch_internals
 

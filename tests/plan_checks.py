@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch.fx
 
+from airstream.graph.streams import StreamAssignment
 from airstream.ops.library import record, wait
 from airstream.schedule.deps import requirements
 from airstream.schedule.plan import Record, Run, StreamPlan, Wait
-from airstream.streams import StreamAssignment
 
 
 def simulate(plan: StreamPlan) -> None:

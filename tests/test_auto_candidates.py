@@ -16,11 +16,11 @@ from tests.conftest import assert_same, compile_model, graph_of
 import airstream
 from airstream import passes
 from airstream.bench.moe import MoE
-from airstream.decisions import list_decisions
+from airstream.compiler.decisions import list_decisions
+from airstream.graph.streams import STREAM_KEY
 from airstream.passes.auto.candidates import ORDER_KEY
 from airstream.passes.toolkit import module_paths
 from airstream.runtime.measured import ONE_STREAM, PLACED
-from airstream.streams import STREAM_KEY
 
 BALANCED = "auto_streams balanced branches"
 

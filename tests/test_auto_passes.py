@@ -474,7 +474,7 @@ def test_auto_streams_decides_with_the_machines_figures() -> None:
     streams take as long as one after the other."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from airstream.calibration import NOMINAL
+    from airstream.machine.calibration import NOMINAL
 
     args = (torch.randn(4, 512), torch.randn(512, 512), torch.randn(512, 512))
     decisions = {}
@@ -504,7 +504,7 @@ def test_auto_streams_charges_the_threads_a_streams_matrix_multiply_gives_up() -
     thread costs nothing, they do. More threads per stream give up less."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from airstream.calibration import NOMINAL
+    from airstream.machine.calibration import NOMINAL
 
     args = (torch.randn(4, 512), torch.randn(512, 512), torch.randn(512, 512))
     decisions = {}

@@ -237,7 +237,7 @@ def test_single_stream_ignores_labels() -> None:
 
 
 def test_observers_receive_compile_events_and_bad_ones_are_named() -> None:
-    from airstream.observers import CompileObserver
+    from airstream.debug.observers import CompileObserver
 
     events: list[str] = []
 
@@ -262,12 +262,12 @@ def test_observers_receive_compile_events_and_bad_ones_are_named() -> None:
         "inference:builtin",  # no post pass configured: that stage does not run
         "inference:compiled",
     ]
-    with pytest.raises(TypeError, match=r"observers\[0\] must be an airstream.observers"):
+    with pytest.raises(TypeError, match=r"observers\[0\] must be an airstream.debug.observers"):
         airstream.get_backend(observers=[print])  # type: ignore[list-item]
 
 
 def test_an_observer_written_for_plan_built_is_still_called_with_a_warning() -> None:
-    from airstream.observers import CompileObserver
+    from airstream.debug.observers import CompileObserver
 
     seen: list[str] = []
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 from tests.conftest import slow
 
-from airstream import calibration
-from airstream.calibration import NOMINAL, MachineCosts, machine_costs
 from airstream.cli import main
+from airstream.machine import calibration
+from airstream.machine.calibration import NOMINAL, MachineCosts, machine_costs
 
 
 @pytest.fixture
@@ -142,7 +142,7 @@ def test_processes_starting_together_measure_once(tmp_path: Path) -> None:
 
     code = (
         "import dataclasses, json, os, time\n"
-        "from airstream import calibration\n"
+        "from airstream.machine import calibration\n"
         "def measure(threads):\n"
         "    time.sleep(1.0)\n"
         "    return dataclasses.replace(calibration.NOMINAL, source=f'measured by {os.getpid()}')\n"

@@ -24,7 +24,7 @@ from tests.conftest import slow
 
 import airstream
 from airstream import torch_internals
-from airstream.cache_key import pass_identity
+from airstream.compiler.cache_key import pass_identity
 
 pytestmark = pytest.mark.torch_api  # CI runs it on every torch minor (.ci/run)
 
@@ -45,7 +45,7 @@ class Model(torch.nn.Module):
 
 _PROGRAM = """
 import json, sys, warnings
-import torch, airstream, airstream.measuring as measuring
+import torch, airstream, airstream.compiler.measuring as measuring
 from model import Model
 
 ran, graphs = [], []
@@ -312,7 +312,8 @@ def test_bad_arguments_are_named() -> None:
 def test_what_torch_cannot_compile_ahead_of_time_runs_in_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from airstream import compile_cache, torch_internals
+    from airstream import torch_internals
+    from airstream.caching import compile_cache
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise torch_internals.package_error()("ID_MATCH guard cannot be serialized.")
@@ -360,7 +361,7 @@ def test_a_different_pass_is_never_served_a_graph_compiled_without_it(
 
 
 def test_the_key_sees_what_a_trace_reads_from_the_module() -> None:
-    from airstream.cache_key import cache_key
+    from airstream.compiler.cache_key import cache_key
 
     model = Small()
     x = torch.randn(3, 8)
@@ -390,8 +391,8 @@ def test_the_key_sees_only_the_calibration_this_process_decides_with(
     are in the key; a calibration for another thread count is not."""
     import dataclasses
 
-    from airstream import calibration
-    from airstream.cache_key import cache_key
+    from airstream.compiler.cache_key import cache_key
+    from airstream.machine import calibration
 
     monkeypatch.setenv("AIRSTREAM_CACHE_DIR", str(tmp_path))
     model, x, config = Small(), torch.randn(3, 8), airstream.CompilerConfig()

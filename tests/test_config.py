@@ -111,8 +111,8 @@ def test_get_backend_rejects_non_config() -> None:
 
 
 def test_option_table_builds_nested_and_open_groups() -> None:
-    from airstream.option_checks import boolean
-    from airstream.options import Option, OptionGroup
+    from airstream.options.checks import boolean
+    from airstream.options.schema import Option, OptionGroup
 
     class Table(OptionGroup, table={"a.b": Option(False, boolean), "a.c.*": Option(0)}):
         _NOUN = "table option"

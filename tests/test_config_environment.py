@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from airstream import ConfigError, calibration, environment
-from airstream.cache_dir import cache_root
+from airstream import ConfigError
 from airstream.debug import dump
+from airstream.machine import calibration, environment
+from airstream.machine.cache_dir import cache_root
 from airstream.runtime import handoff
 
 SRC = Path(environment.__file__).parent
@@ -51,7 +52,7 @@ def test_every_variable_airstream_reads_is_declared() -> None:
         for name, where in read.items()
         if name not in environment.VARIABLES and name not in environment.OPENMP
     }
-    assert not undeclared, f"declare these in airstream/environment.py: {undeclared}"
+    assert not undeclared, f"declare these in airstream/machine/environment.py: {undeclared}"
 
 
 def test_the_table_says_what_each_variable_is() -> None:

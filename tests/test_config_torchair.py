@@ -28,7 +28,7 @@ def test_each_torchair_mode_compiles_as_its_table_says(mode: str) -> None:
 
 def test_torchairs_default_is_airstreams_max_autotune_not_airstreams_default() -> None:
     """TorchAir's default (GE graph mode: the whole graph compiled) is airstream's
-    max-autotune; airstream's own default is chosen per device (airstream.mode)."""
+    max-autotune; airstream's own default is chosen per device (airstream.graph.mode)."""
     assert torchair.CompilerConfig().mode.value == "max-autotune"
     assert torchair.CompilerConfig().airstream.mode == "max-autotune"
     assert airstream.CompilerConfig().mode == "default"

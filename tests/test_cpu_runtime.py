@@ -257,9 +257,9 @@ def test_a_call_empties_its_arguments_and_keeps_no_value(kind: str) -> None:
 
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    from airstream.graph.streams import assign_streams
     from airstream.runtime.serial import SerialExecutor
     from airstream.schedule.plan import build_plan
-    from airstream.streams import assign_streams
 
     w = torch.randn(8, 8)
     gm = make_fx(_two_stream_chain, tracing_mode="fake")(torch.randn(4, 8), w)
@@ -283,8 +283,8 @@ def test_worker_streams_give_mkl_their_thread_count_and_the_caller_gets_its_own_
     the caller's is restored after it."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    from airstream.graph.streams import assign_streams
     from airstream.schedule.plan import build_plan
-    from airstream.streams import assign_streams
 
     w = torch.randn(8, 8)
     gm = make_fx(_two_stream_chain, tracing_mode="fake")(torch.randn(4, 8), w)

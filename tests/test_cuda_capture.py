@@ -33,10 +33,10 @@ from tests.test_cuda_runtime import (
 from tests.test_torch_streams_cuda import ALT, _model, _native_graph
 from tests.test_torch_streams_cuda import _executor as _native_executor
 
+from airstream.graph.streams import assign_streams
 from airstream.runtime.capture_pool import CapturePool
 from airstream.runtime.cuda_graphs import CudaGraphExecutor, capture_blockers
 from airstream.schedule.plan import build_plan
-from airstream.streams import assign_streams
 
 pytestmark = pytest.mark.torch_api
 

@@ -27,12 +27,12 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import airstream
 from airstream.examples.guide import Model, custom_pre_pass
+from airstream.graph.streams import assign_streams
 from airstream.runtime.capture_pool import CapturePool
 from airstream.runtime.cuda import CudaExecutor
 from airstream.runtime.cuda_api import CudaApi
 from airstream.runtime.cuda_graphs import CudaGraphExecutor, capture_blockers, copy_like
 from airstream.schedule.plan import build_plan
-from airstream.streams import assign_streams
 from airstream.torch_internals import FakeTensorMode
 
 pytestmark = pytest.mark.torch_api  # CI runs it on every torch minor (.ci/run)
@@ -703,7 +703,7 @@ def test_a_compiled_functions_forward_and_backward_get_one_capture_pool(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The plumbing, on CPU: every graph compiled from one Dynamo graph is handed one pool."""
-    import airstream.measuring as measuring
+    import airstream.compiler.measuring as measuring
 
     pools: list[tuple[str, Any]] = []
     finish = measuring.finish_graph

@@ -1,8 +1,9 @@
-"""measure_placement per size range, and its decisions kept on disk (``airstream.decisions``):
-a graph compiled with a dynamic size decides per range of that size; a later compile of the same
-graph (a later process) reads the decisions and measures nothing it measured before; ``airstream
-cache`` lists them and ``airstream explain`` shows them. Which candidate a real clock keeps is
-never asserted: what runs, what is stored, and results against eager are."""
+"""measure_placement per size range, and its decisions kept on disk
+(``airstream.compiler.decisions``): a graph compiled with a dynamic size decides per range of that
+size; a later compile of the same graph (a later process) reads the decisions and measures nothing
+it measured before; ``airstream cache`` lists them and ``airstream explain`` shows them. Which
+candidate a real clock keeps is never asserted: what runs, what is stored, and results against eager
+are."""
 
 from __future__ import annotations
 
@@ -16,11 +17,11 @@ from tests.test_measured import TwoBranches, _config
 
 import airstream
 from airstream.cli import main
-from airstream.decisions import list_decisions
+from airstream.compiler.decisions import list_decisions
 from airstream.errors import ConfigError
+from airstream.graph.streams import STREAM_KEY
 from airstream.runtime.measured import ONE_STREAM, PLACED
 from airstream.runtime.size_ranges import SizeRanges, SizeSource
-from airstream.streams import STREAM_KEY
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from tests.conftest import compile_model, graph_of
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import airstream
+from airstream.cli.demo import run_demo
 from airstream.debug import dump
-from airstream.demo import run_demo
 from airstream.examples.guide import Model, custom_pre_pass
 
 _ATTRS = re.compile(r'(\w+)=(?:"((?:[^"\\]|\\.)*)"|([^,\s\]]+))')

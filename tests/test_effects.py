@@ -1,4 +1,4 @@
-"""airstream.effects: what each op does besides computing its result."""
+"""airstream.graph.effects: what each op does besides computing its result."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import torch
 import torch.fx
 
 from airstream import torch_internals
-from airstream.effects import data_inputs, effects, is_executed, summarize
-from airstream.fusion import fusible
+from airstream.graph.effect_queries import data_inputs, is_executed, summarize
+from airstream.graph.effects import effects
+from airstream.graph.fusion import fusible
 
 aten = torch.ops.aten
 air = torch.ops.air
@@ -71,7 +72,7 @@ def test_fusible_and_a_segments_summary() -> None:
 
 
 def test_allocations_and_torch_side_effects_decide_merging_and_dropping() -> None:
-    from airstream.effects import droppable, mergeable
+    from airstream.graph.effect_queries import droppable, mergeable
 
     graph, x, y = _graph()
     empty = graph.call_function(aten.empty_like.default, (x,))
@@ -91,7 +92,7 @@ def test_allocations_and_torch_side_effects_decide_merging_and_dropping() -> Non
 
 
 def test_an_ops_rule_is_worked_out_once_per_op() -> None:
-    from airstream.effects import _rule, written_arguments
+    from airstream.graph.effects import _rule, written_arguments
 
     graph, x, y = _graph()
     nodes = [graph.call_function(aten.mul_.Tensor, (x, y)) for _ in range(5)]

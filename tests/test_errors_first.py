@@ -81,7 +81,7 @@ def test_stream_error_traceback_leaves_out_torch_and_airstream_frames() -> None:
     # only the frame where airstream raised it: the stream analysis's check, its raise line
     below = _frames_below_backend(exc)
     assert [(f.filename, f.name) for f in below] == [
-        (str(Path(AIRSTREAM_DIR, "streams.py")), "_walk")
+        (str(Path(AIRSTREAM_DIR, "graph", "stream_front_ends.py")), "walk")
     ]
     assert below[0].line is not None and below[0].line.startswith("raise StreamError(")
     # the error itself still names the pass that inserted the marker

@@ -1,4 +1,4 @@
-"""What airstream knows of other libraries' ops (airstream.foreign_ops): shared state (never
+"""What airstream knows of other libraries' ops (airstream.graph.foreign_ops): shared state (never
 two at once across streams), the caller's threads, their work.
 
 The op below is vLLM's CPU kernels in miniature: it writes ``out`` (an ``out=`` op, reaching the
@@ -21,7 +21,7 @@ import torch
 from tests.conftest import assert_same, compile_model, graph_of
 
 import airstream
-from airstream.foreign_ops import shared_state
+from airstream.graph.foreign_ops import shared_state
 
 _SCRATCH = torch.zeros(64, 64)
 _lock = threading.Lock()
@@ -301,7 +301,7 @@ def test_an_extension_named_c_without_vllm_loaded_is_an_unknown_library(
 
 
 def test_vllms_matmul_and_fused_moe_have_flops_and_unknown_ops_none() -> None:
-    from airstream.foreign_ops import foreign_flops, matmul_input
+    from airstream.graph.foreign_ops import foreign_flops, matmul_input
 
     a, c = torch.empty(4, 64), torch.empty(4, 128)
     assert foreign_flops("_C", "onednn_mm", {"a": a, "c": c, "bias": None}) == 2 * 4 * 64 * 128
@@ -317,7 +317,7 @@ def test_vllms_matmul_and_fused_moe_have_flops_and_unknown_ops_none() -> None:
 
 
 def test_a_functionalized_call_is_read_as_the_op_it_wraps() -> None:
-    from airstream.fusion import called_op, multiplies_matrices
+    from airstream.graph.fusion import called_op, multiplies_matrices
 
     compiled, backend = compile_model(_TwoBranches(), fullgraph=True)
     with torch.no_grad():

@@ -1,5 +1,5 @@
-"""torch.compile's restart with airstream's backend (airstream.graph_cache): an inference graph
-is kept in AOTAutograd's cache and a later compile of the same graph, options and passes loads
+"""torch.compile's restart with airstream's backend (airstream.compiler.graph_cache): an inference
+graph is kept in AOTAutograd's cache and a later compile of the same graph, options and passes loads
 it (its passes do not run again) and runs it on the same streams; anything else compiles.
 
 Each test's pass closes over a value of its own (``_NONCE``), which is in the key, so no entry
@@ -26,9 +26,9 @@ from tests.conftest import assert_same, compile_model, graph_of, ops_by_stream, 
 from tests.test_measured import TwoBranches
 
 import airstream
+from airstream.graph.streams import STREAM_KEY
 from airstream.passes import module_paths
 from airstream.runtime.measured import ONE_STREAM, PLACED
-from airstream.streams import STREAM_KEY
 
 _NONCE = uuid.uuid4().hex  # in each pass's identity: this run's entries are its own
 
@@ -104,7 +104,8 @@ def test_the_first_compile_on_a_machine_keys_its_entry_with_the_costs_it_measure
     """auto_streams measures the machine's stream costs at its first compile on a machine. The
     key, computed before the passes run, used to hold no costs, so the next process (costs on
     disk) missed that entry once: the costs are now measured before the key."""
-    from airstream import calibration, passes
+    from airstream import passes
+    from airstream.machine import calibration
 
     monkeypatch.setenv("AIRSTREAM_CACHE_DIR", str(tmp_path))  # no costs measured here yet
     monkeypatch.setenv("AIRSTREAM_COSTS", "measured")

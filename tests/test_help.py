@@ -102,7 +102,7 @@ def _report_lines(text: str) -> dict[str, tuple[list[str], str]]:
 
 def _seen(*graphs: list[OpRecord], calls: int = 1) -> object:
     """A listener that heard ``graphs``, one call each unless ``calls`` says more."""
-    from airstream.run_report import WhereRan as _WhereRan
+    from airstream.cli.run_report import WhereRan as _WhereRan
 
     seen = _WhereRan()
     for records in graphs:
@@ -112,7 +112,7 @@ def _seen(*graphs: list[OpRecord], calls: int = 1) -> object:
 
 
 def test_report_names_ops_per_stream_without_bookkeeping() -> None:
-    from airstream.run_report import where_ran as _where_ran
+    from airstream.cli.run_report import where_ran as _where_ran
 
     graph = [
         _op("stream_1", "segment_stream_1_0", ("mm", "abs_1")),
@@ -138,7 +138,7 @@ def test_report_names_ops_per_stream_without_bookkeeping() -> None:
 
 
 def test_report_without_segments_counts_repeats_and_graphs() -> None:
-    from airstream.run_report import where_ran as _where_ran
+    from airstream.cli.run_report import where_ran as _where_ran
 
     forward = [_op(None, "t"), _op(None, "addmm"), _op("side", "t_1"), _op("side", "addmm_1")]
     backward = [_op(None, "mm"), _op(None, "mm_1"), _op(None, "getitem_4")]
@@ -154,7 +154,7 @@ def test_report_without_segments_counts_repeats_and_graphs() -> None:
 
 
 def test_report_stops_listening_after_its_calls() -> None:
-    from airstream.run_report import WhereRan as _WhereRan
+    from airstream.cli.run_report import WhereRan as _WhereRan
     from airstream.runtime.trace import CallTrace, add_listener, tracing_wanted
 
     seen = _WhereRan(limit=2)

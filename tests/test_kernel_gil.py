@@ -16,8 +16,8 @@ from tests.conftest import assert_same, cause_of, compile_model, graph_of, slow
 
 import airstream
 from airstream import passes, torch_internals
+from airstream.debug.observers import CompiledGraph
 from airstream.errors import ConfigError
-from airstream.observers import CompiledGraph
 
 pytestmark = pytest.mark.torch_api  # CI runs it on every torch minor (.ci/run)
 

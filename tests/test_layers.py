@@ -1,90 +1,49 @@
 """The module layers of docs/design.md: no import runs from a lower layer to a higher one, and no
-module but ``airstream.effects`` reads an op's schema or tags to decide its effects."""
+module but ``airstream.graph.effects`` reads an op's schema or tags to decide its effects."""
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import pytest
 
 SRC = pathlib.Path(__file__).resolve().parent.parent / "src" / "airstream"
 
-# Lowest first. A module may import its own layer and any layer below it.
+# Lowest first: the top level's folders and modules. A module may import its own layer and any
+# layer below it. Each folder's ``__init__`` docstring says its layer and what it imports
+# (test_each_folder_says_its_layer_and_what_it_imports).
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
-    (
-        "base",
-        frozenset(
-            {
-                "errors",
-                "tracebacks",
-                "environment",
-                "cache_dir",
-                "calibration",
-                "openmp",
-                "launch",
-                "torch_internals",
-                "option_checks",
-                "options",
-                "config",
-                "mode",
-                "ops",
-                "foreign_ops",
-                "effects",
-                "fusion",
-                "fused",
-                "layouts",
-                "nodes",
-                "devices",
-                "streams",
-                "placements",
-                "decompositions",
-            }
-        ),
-    ),
+    ("base", frozenset({"errors", "torch_internals", "options", "machine", "ops", "graph"})),
     # the planner: what a placement costs in syncs is its answer, which the automatic passes ask
     ("planner", frozenset({"schedule.deps", "schedule.plan", "schedule.overlap"})),
     ("passes", frozenset({"passes"})),
     ("schedule", frozenset({"schedule"})),
     ("runtime", frozenset({"runtime"})),
-    ("observers", frozenset({"observers", "debug"})),
-    (
-        "backend",
-        frozenset(
-            {
-                "backend",
-                "pipeline",
-                "measuring",
-                "finish",
-                "graph_cache",
-                "cached_graph",
-                "cache_key",
-                "decisions",
-            }
-        ),
-    ),
+    ("observers", frozenset({"debug"})),
+    ("backend", frozenset({"compiler", "backend"})),
     (
         "applications",
         frozenset(
             {
                 "__init__",
-                "explain",
+                "__main__",
+                "_moved",
                 "inductor",
-                "demo",
+                "caching",
                 "cli",
-                "run_report",
-                "doctor",
                 "bench",
                 "selftest",
                 "compat",
-                "compile_cache",
-                "cache_files",
                 "examples",
-                "__main__",
             }
         ),
     ),
 )
+
+# What the top level of src/airstream holds besides its folders: the public entry points.
+TOP_MODULES = {"__init__", "__main__", "_moved", "backend", "errors", "inductor"}
 
 
 def _layer(part: str) -> int:
@@ -170,7 +129,7 @@ def test_no_import_runs_upward(path: pathlib.Path) -> None:
 
 
 def test_only_the_effects_module_reads_effects_from_schemas() -> None:
-    """Mutation, aliasing and randomness are decided in airstream.effects alone."""
+    """Mutation, aliasing and randomness are decided in airstream.graph.effects alone."""
     markers = (
         "nondeterministic_seeded",
         ".is_mutable",
@@ -182,7 +141,7 @@ def test_only_the_effects_module_reads_effects_from_schemas() -> None:
     offenders = []
     for path in _modules():
         rel = path.relative_to(SRC)
-        if rel.parts == ("effects.py",):
+        if rel.parts == ("graph", "effects.py"):
             continue
         text = path.read_text()
         offenders += [f"{rel}: {m}" for m in markers if m in text]
@@ -307,3 +266,97 @@ def test_no_import_circles() -> None:
         if v not in index:
             visit(v)
     assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def _folders() -> list[pathlib.Path]:
+    return sorted(p.parent for p in SRC.glob("*/__init__.py"))
+
+
+def test_the_top_level_holds_the_entry_points_and_the_folders() -> None:
+    """A new module goes into the folder of its concern, not beside the entry points."""
+    modules = {p.stem for p in SRC.glob("*.py")}
+    assert modules == TOP_MODULES, f"move {sorted(modules - TOP_MODULES)} into a folder"
+    for folder in _folders():
+        assert _layer(folder.name) >= 0  # every folder is in a layer (raises otherwise)
+
+
+def _declared(folder: pathlib.Path) -> tuple[str, set[str]]:
+    """The layer and imports a folder's ``__init__`` docstring names: ``Layer: base. May import:
+    errors, torch_internals.`` (``airstream`` is the package root)."""
+    doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
+    flat = " ".join(doc.split())
+    layer = re.search(r"Layer: (\w+)", flat)
+    imports = re.search(r"May import: ([\w, ]*)\.", flat)
+    assert layer and imports, (
+        f"{folder.name}/__init__.py: its docstring ends with 'Layer: <layer>. May import: <folders "
+        "and modules of the top level>.'"
+    )
+    names = {n.strip() for n in imports.group(1).split(",") if n.strip() and n.strip() != "nothing"}
+    return layer.group(1), names
+
+
+@pytest.mark.parametrize("folder", _folders(), ids=lambda p: p.name)
+def test_each_folder_says_its_layer_and_what_it_imports(folder: pathlib.Path) -> None:
+    layer, declared = _declared(folder)
+    assert layer == LAYERS[_layer(folder.name)][0], f"{folder.name} is in another layer"
+    actual = set()
+    for path in sorted(folder.rglob("*.py")):
+        for _, module in _imports(ast.parse(path.read_text())):
+            top = _top(module).split(".")[0]
+            if top != folder.name:
+                actual.add("airstream" if top == "__init__" else top)
+    assert actual == declared, (
+        f"{folder.name}/__init__.py says it may import {sorted(declared)}; its modules import "
+        f"{sorted(actual)}: change the imports or the docstring"
+    )
+    for name in declared - {"airstream"}:
+        if folder.name != "passes" or name != "schedule":  # the planner, below the passes
+            assert _layer(name) <= _layer(folder.name), f"{folder.name} imports {name} above it"
+
+
+def test_old_module_paths_resolve_to_the_new_ones_with_a_warning() -> None:
+    """The flat layout's paths a user may have imported keep working (airstream._moved), and no
+    airstream code or test uses them."""
+    import importlib
+    import subprocess
+    import sys
+
+    from airstream import _moved
+
+    for old, new in _moved.MOVED.items():
+        assert importlib.util.find_spec(new) is not None, f"{old} -> {new}, which does not exist"
+    code = (
+        "import warnings, airstream\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    from airstream.config import CompilerConfig\n"
+        "    import airstream.streams\n"
+        "    from airstream.options import Option\n"
+        "import airstream.options.config, airstream.graph.streams, airstream.options.schema\n"
+        "assert CompilerConfig is airstream.options.config.CompilerConfig\n"
+        "assert airstream.streams is airstream.graph.streams\n"
+        "assert Option is airstream.options.schema.Option\n"
+        "print('|'.join(str(w.message) for w in caught))\n"
+        "try:\n"
+        "    import airstream.explain\n"
+        "except ModuleNotFoundError as e:\n"
+        "    print(e)\n"
+        "assert callable(airstream.explain)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    said, gone = out.stdout.strip().splitlines()
+    assert said.split("|") == [
+        "airstream.config moved to airstream.options.config: import it from there",
+        "airstream.streams moved to airstream.graph.streams: import it from there",
+        "airstream.options.Option moved to airstream.options.schema.Option: import it from there",
+    ]
+    assert "airstream.cli.explain" in gone
+    old = re.compile(r"airstream\.(" + "|".join(m.split(".")[1] for m in _moved.MOVED) + r")\b")
+    users = []
+    for path in [*_modules(), *sorted((SRC.parent.parent / "tests").rglob("*.py"))]:
+        if path.name in ("_moved.py", "test_layers.py"):
+            continue
+        for line_no, module in _imports(ast.parse(path.read_text())):
+            if old.fullmatch(module) and module != "airstream.options":
+                users.append(f"{path}:{line_no} imports {module}")
+    assert not users, users

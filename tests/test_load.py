@@ -18,10 +18,10 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import airstream
 from airstream import torch_internals
+from airstream.graph.streams import assign_streams
 from airstream.runtime.cpu import CpuExecutor
 from airstream.runtime.workers import worker_count
 from airstream.schedule.plan import build_plan
-from airstream.streams import assign_streams
 
 ops = torch.ops.airstream_test
 assert probe_ops.SEEN is not None  # registers the test ops

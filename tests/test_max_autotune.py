@@ -16,8 +16,8 @@ from tests.conftest import assert_same, cause_of, compile_model, graph_of
 
 import airstream
 import airstream.schedule.fuse as inductor_runtime
-from airstream.fusion import fusible
-from airstream.nodes import segment_of
+from airstream.graph.fusion import fusible
+from airstream.graph.nodes import segment_of
 from airstream.schedule import overlap
 from airstream.schedule.plan import Record, Wait
 from plan_checks import simulate

@@ -17,9 +17,10 @@ from tests.conftest import assert_same, cause_of, compile_model, graph_of
 
 import airstream
 from airstream import passes
+from airstream.compiler.candidate_graphs import threads_candidate
+from airstream.debug.observers import CompiledGraph, CompileObserver
 from airstream.errors import ConfigError
-from airstream.measuring import threads_candidate
-from airstream.observers import CompiledGraph, CompileObserver
+from airstream.graph.streams import STREAM_KEY, uses_streams
 from airstream.runtime.measured import (
     ONE_STREAM,
     PLACED,
@@ -27,7 +28,6 @@ from airstream.runtime.measured import (
     Measurement,
     decide,
 )
-from airstream.streams import STREAM_KEY, uses_streams
 
 
 class _Fake:
@@ -255,7 +255,7 @@ class _Finished(CompileObserver):
 @pytest.fixture
 def finished(monkeypatch: pytest.MonkeyPatch) -> list[CompiledGraph]:
     """What each graph finished by the compile became: its executor, its segments."""
-    import airstream.measuring as measuring
+    import airstream.compiler.measuring as measuring
 
     seen: list[CompiledGraph] = []
     finish = measuring.finish_graph

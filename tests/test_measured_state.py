@@ -24,7 +24,8 @@ import torch
 from tests.conftest import assert_same, compile_model, graph_of
 
 import airstream
-from airstream import foreign_ops, measuring
+from airstream.compiler import measuring
+from airstream.graph import foreign_ops
 from airstream.runtime.measured import ONE_STREAM, PLACED, MeasuredExecutor
 
 _primitives: dict[tuple[int, ...], int] = {}  # shape -> the thread count it was made for

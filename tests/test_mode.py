@@ -1,4 +1,4 @@
-"""mode="default": the mode each graph compiles in is chosen by its device (airstream.mode).
+"""mode="default": the mode each graph compiles in is chosen by its device (airstream.graph.mode).
 
 The test suite pins the default to reduce-overhead (tests/conftest.py sets AIRSTREAM_MODE): these
 tests unset it to check the default itself, structure (the mode compiled in, Inductor segments)
@@ -14,9 +14,9 @@ import torch
 from tests.conftest import assert_same, compile_model, graph_of
 
 import airstream
-from airstream import mode as modes
 from airstream import torch_internals
 from airstream.errors import ConfigError
+from airstream.graph import mode as modes
 
 pytestmark = pytest.mark.torch_api  # CI runs it on every torch minor (.ci/run)
 

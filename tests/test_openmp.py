@@ -10,8 +10,8 @@ import torch
 from tests.conftest import assert_same
 
 import airstream
-from airstream import openmp
 from airstream.errors import ConfigError
+from airstream.machine import openmp
 
 _OPENMP_BUILD = "OpenMP" in torch.__config__.parallel_info() and os.path.exists("/proc/self/maps")
 
@@ -184,7 +184,7 @@ def test_airstream_run_gets_a_short_spin_unless_a_policy_is_set() -> None:
     ],
 )
 def test_the_run_command_is_recognised_before_torch_loads(argv: list[str], is_run: bool) -> None:
-    from airstream import launch
+    from airstream.machine import launch
 
     assert launch.is_run_command(argv) is is_run
     assert launch.prepare(argv) == {}, "torch is loaded in this process: too late, nothing set"

@@ -120,9 +120,9 @@ def test_random_programs_agree_with_the_brute_force_order(
     monkeypatch.setattr(overlap, "THREADED_NUMEL", 0)  # the fuzzer's tensors are small
     import random
 
+    from airstream.graph.streams import assign_streams
     from airstream.schedule.plan import build_plan
     from airstream.selftest.fuzz import draw_program, trace_program
-    from airstream.streams import assign_streams
 
     rng = random.Random(0)
     checked = 0

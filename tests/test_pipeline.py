@@ -11,13 +11,13 @@ import torch
 from tests.conftest import assert_same, cause_of, compile_model, graph_of
 
 import airstream
-import airstream.finish
-import airstream.pipeline
-import airstream.streams
+import airstream.compiler.finish
+import airstream.compiler.pipeline
+import airstream.graph.streams
 import airstream.torch_internals
 from airstream import PassError, passes
+from airstream.debug.observers import CompileObserver
 from airstream.errors import AirstreamError
-from airstream.observers import CompileObserver
 from airstream.passes.manager import PassSpec
 
 air = torch.ops.air
@@ -124,18 +124,18 @@ def test_the_streams_are_written_once_and_every_later_stage_reads_them(
     """At the end of the passes each node's stream is written into its key, once; the final
     passes (reinplace), the planner, max-autotune's fusion and the dumps read it from there, and
     a node a later stage added without one is an error that names it."""
-    from airstream.streams import STREAM_KEY, assign_streams
+    from airstream.graph.streams import STREAM_KEY, assign_streams
 
     written: list[int] = []
-    original = airstream.streams.lower_streams
+    original = airstream.graph.streams.lower_streams
 
     def counting(gm: torch.fx.GraphModule, **kwargs: Any) -> Any:
-        if not airstream.streams.is_lowered(gm):
+        if not airstream.graph.streams.is_lowered(gm):
             written.append(len(gm.graph.nodes))
         return original(gm, **kwargs)
 
-    monkeypatch.setattr(airstream.pipeline, "lower_streams", counting)
-    monkeypatch.setattr(airstream.finish, "lower_streams", counting)
+    monkeypatch.setattr(airstream.compiler.pipeline, "lower_streams", counting)
+    monkeypatch.setattr(airstream.compiler.finish, "lower_streams", counting)
     config = _config()
     config.experimental_config.reinplace_inplaceable_ops = True
     config.experimental_config.reinplace_input_mutations = True

@@ -11,8 +11,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import airstream
 from airstream.examples.guide import Model, custom_pre_pass
+from airstream.graph.streams import assign_streams
 from airstream.schedule.plan import Record, StreamPlan, Wait, build_plan
-from airstream.streams import assign_streams
 
 air = torch.ops.air
 LABEL = "_user_stream_label"

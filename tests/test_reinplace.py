@@ -13,7 +13,7 @@ import torch
 from tests.conftest import assert_same, compile_model, count, graph_of, targets
 
 import airstream
-from airstream.effects import inplace_variant
+from airstream.graph.effects import inplace_variant
 from airstream.passes.manager import FINAL, PassManager
 
 pytestmark = pytest.mark.torch_api  # CI runs it on every torch minor (.ci/run)

@@ -16,15 +16,15 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import airstream
 from airstream import passes
-from airstream.layouts import dense_order, same_layout
-from airstream.nodes import MADE_AFTER_KEY
+from airstream.graph.layouts import dense_order, same_layout
+from airstream.graph.nodes import MADE_AFTER_KEY
+from airstream.graph.streams import assign_streams
 from airstream.ops.library import STREAM_LABEL_KEY
 from airstream.runtime.serial import SerialExecutor
 from airstream.schedule import fuse as fuse_module
 from airstream.schedule.fuse import fuse_streams
 from airstream.schedule.plan import build_plan
 from airstream.selftest.fuzz import Program, Step, check_program_max_autotune
-from airstream.streams import assign_streams
 
 pytestmark = pytest.mark.torch_api  # CI runs it on every torch minor (.ci/run)
 

@@ -10,9 +10,9 @@ from tests.conftest import assert_same, compile_model, graph_of
 
 import airstream
 from airstream.examples.guide import Model, custom_pre_pass
+from airstream.graph.streams import assign_streams
 from airstream.runtime.serial import SerialExecutor
 from airstream.schedule.plan import build_plan
-from airstream.streams import assign_streams
 
 air = torch.ops.air
 aten = torch.ops.aten

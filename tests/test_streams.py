@@ -11,8 +11,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import airstream
 from airstream import StreamError, torch_internals
-from airstream.nodes import GRAPH_KIND_KEY
-from airstream.streams import assign_streams, lower_streams
+from airstream.graph.nodes import GRAPH_KIND_KEY
+from airstream.graph.streams import assign_streams, lower_streams
 
 graph_break = torch_internals.dynamo_graph_break()
 

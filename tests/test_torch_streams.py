@@ -523,6 +523,6 @@ def test_a_current_stream_dynamo_registers_while_compiling_is_main(
 
 def test_every_op_of_torchs_stream_ir_has_one_handler() -> None:
     """A handler renamed or an op added to the reader is a failing test, not a silent warning."""
-    from airstream.schedule.torch_streams import _HANDLERS
+    from airstream.schedule.torch_stream_ops import HANDLERS as _HANDLERS
 
     assert set(_HANDLERS) == set(torch_internals.STREAM_OPS)

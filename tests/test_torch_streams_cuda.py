@@ -19,6 +19,7 @@ from tests.cuda_standin import Event, StandInCuda, Stream
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from airstream import torch_internals
+from airstream.graph.streams import assign_streams
 from airstream.ops.torch_streams import TorchStreams
 from airstream.ops.torch_streams import torch_streams_of as torch_streams_table
 from airstream.runtime.cuda import CudaExecutor
@@ -26,7 +27,6 @@ from airstream.runtime.cuda_graphs import CudaGraphExecutor, capture_blockers
 from airstream.runtime.torch_streams import TorchStreamObjects
 from airstream.schedule.plan import build_plan
 from airstream.schedule.torch_streams import lower_torch_streams
-from airstream.streams import assign_streams
 from airstream.torch_internals import FakeTensorMode
 
 pytestmark = pytest.mark.torch_api  # CI runs it on every torch minor (.ci/run)

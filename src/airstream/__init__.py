@@ -5,20 +5,24 @@ config.post_grad_custom_pre_pass = my_pass
 opt = torch.compile(model, backend=airstream.get_backend(compiler_config=config))
 """
 
-from airstream import launch as _launch
+from airstream import _moved
+
+_moved.install()  # the flat layout's module paths (airstream.config, ...) resolve to the new ones
+
+from airstream.machine import launch as _launch
 
 _launch.prepare()  # `airstream run`: OpenMP's variables, before the imports below load torch
 
 from airstream import ops, passes
 from airstream.backend import get_backend, get_compiler, get_npu_backend
-from airstream.compile_cache import cache_compile
-from airstream.config import CompilerConfig
+from airstream.caching.compile_cache import cache_compile
+from airstream.cli.explain import explain
 from airstream.debug.profile import profile
 from airstream.errors import CacheWarning, ConfigError, PassError, StreamError, TorchSupportError
-from airstream.explain import explain
-from airstream.foreign_ops import declare_caller_threads, declare_shared_state
+from airstream.graph.foreign_ops import declare_caller_threads, declare_shared_state
 from airstream.ops.stream import stream
 from airstream.ops.torch_streams import current_stream
+from airstream.options.config import CompilerConfig
 
 __all__ = [
     "CacheWarning",

@@ -1,5 +1,5 @@
 """The torch.compile entry: Dynamo graph -> AOTAutograd -> each graph's pipeline
-(:mod:`airstream.pipeline`).
+(:mod:`airstream.compiler.pipeline`).
 
 ``get_backend(config)`` returns the backend for ``torch.compile(backend=...)``; the name
 ``"airstream"`` is registered through the ``torch_dynamo_backends`` entry point and takes
@@ -7,7 +7,7 @@
 ``keep_inference_input_mutations`` from the config, airstream's decomposition table, and a
 partitioner that keeps every air op in the forward graph. Inference, training-forward and
 training-backward graphs each go through the pipeline separately. An inference graph is kept in
-AOTAutograd's cache for the next process (:mod:`airstream.graph_cache`).
+AOTAutograd's cache for the next process (:mod:`airstream.compiler.graph_cache`).
 """
 
 from __future__ import annotations
@@ -22,20 +22,20 @@ import torch.fx
 
 import airstream.ops.library  # noqa: F401  (registers the air ops)
 from airstream import torch_internals
-from airstream.cached_graph import cached_graph_class, loading_for
-from airstream.config import CompilerConfig
+from airstream.compiler.cached_graph import cached_graph_class, loading_for
+from airstream.compiler.decompositions import decomposition_table
+from airstream.compiler.graph_cache import graph_cache_key
+from airstream.compiler.pipeline import GraphCompiler
+from airstream.compiler.tracebacks import readable
 from airstream.debug.dump import GraphDumper, dump_observer
-from airstream.decompositions import decomposition_table
-from airstream.effects import effects
+from airstream.debug.observers import CompiledGraph, CompileObserver, Observers, ReadOnly
 from airstream.errors import AirstreamError, ConfigError
-from airstream.graph_cache import graph_cache_key
-from airstream.nodes import GRAPH_KIND_KEY, GRAPH_KINDS
-from airstream.observers import CompiledGraph, CompileObserver, Observers, ReadOnly
+from airstream.graph.effects import effects
+from airstream.graph.nodes import GRAPH_KIND_KEY, GRAPH_KINDS
+from airstream.options.config import CompilerConfig
 from airstream.passes.manager import pass_name
-from airstream.pipeline import GraphCompiler
 from airstream.runtime.capture_pool import CapturePool
 from airstream.schedule.torch_streams import lower_torch_streams, torch_streams_for
-from airstream.tracebacks import readable
 
 __all__ = [
     "AirstreamBackend",
@@ -84,7 +84,7 @@ class AirstreamBackend:
 
     ``graphs`` lists every graph compiled through this backend (a CompiledGraph each), for
     inspection in tests, notebooks and tools; it is only written at compile time. ``observers``
-    receive every compile event (:mod:`airstream.observers`); graph dumps subscribe when the
+    receive every compile event (:mod:`airstream.debug.observers`); graph dumps subscribe when the
     config asks for them (``dumpers``: one per Dynamo graph).
     """
 
@@ -101,8 +101,9 @@ class AirstreamBackend:
         for i, observer in enumerate(observers):
             if not isinstance(observer, CompileObserver):
                 raise TypeError(
-                    f"observers[{i}] must be an airstream.observers.CompileObserver (subclass it "
-                    f"and override the events you need), got {type(observer).__name__}"
+                    f"observers[{i}] must be an airstream.debug.observers.CompileObserver "
+                    "(subclass it and override the events you need), got "
+                    f"{type(observer).__name__}"
                 )
         self.observers = tuple(observers)
         self._read_only = tuple(ReadOnly(o) for o in observers)
@@ -218,7 +219,7 @@ def get_backend(
 
     The config object is read at compile time (each graph), and is the object passes receive.
     ``decompositions`` adds entries to airstream's (empty by default) decomposition table;
-    ``observers`` receive its compile events (:class:`airstream.observers.CompileObserver`).
+    ``observers`` receive its compile events (:class:`airstream.debug.observers.CompileObserver`).
     """
     return AirstreamBackend(_check_config(compiler_config), decompositions, observers)
 

@@ -58,4 +58,4 @@ class TorchSupportError(AirstreamError, RuntimeError):
 
 class CacheWarning(UserWarning):
     """A compile-cache entry was not used, or a compile could not be saved
-    (:mod:`airstream.compile_cache`): each says why and what happens instead."""
+    (:mod:`airstream.caching.compile_cache`): each says why and what happens instead."""

@@ -34,7 +34,7 @@ import torch.fx
 
 import airstream
 from airstream import torch_internals
-from airstream.devices import graph_device
+from airstream.graph.devices import graph_device
 from airstream.passes.manager import pass_name
 from airstream.schedule.torch_streams import uses_torch_streams
 from airstream.schedule.torch_streams_out import TorchStreamsWritten, write_torch_streams

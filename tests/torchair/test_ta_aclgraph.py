@@ -27,7 +27,7 @@ from torchair.core.utils import logger
 
 import torchair
 from airstream.backend import AirstreamBackend, CompiledGraph
-from airstream.effects import effects
+from airstream.graph.effects import effects
 from airstream.runtime.serial import SerialExecutor
 
 aten = torch.ops.aten
@@ -524,7 +524,7 @@ def test_graph_dump_with_py_names_the_scripts_line_under_the_device_mode(tmp_pat
     """The same, with the device mode `airstream run --torchair` installs: Dynamo traces through
     its __torch_function__, whose frame must not be the line the dumps (and errors) name."""
     from airstream.compat.torchair.install import install, uninstall
-    from airstream.nodes import describe
+    from airstream.graph.nodes import describe
 
     uninstall()
     install(verbose=False)  # device_mode=True, as `airstream run --torchair` installs it

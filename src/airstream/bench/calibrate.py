@@ -1,9 +1,10 @@
-"""The measurement behind ``airstream.calibration``: what work and streams cost on this machine.
+"""The measurement behind ``airstream.machine.calibration``: what work and streams cost on this
+machine.
 
-Run in a child process by :func:`airstream.calibration.machine_costs` (which caches the result);
-it prints one JSON line, a :class:`~airstream.calibration.MachineCosts`. Every timing is a median
-of rounds taken in turn with the figure it is compared against (drift hits both alike), each
-runner settled first so that it does not pay for the state the previous one left:
+Run in a child process by :func:`airstream.machine.calibration.machine_costs` (which caches the
+result); it prints one JSON line, a :class:`~airstream.machine.calibration.MachineCosts`. Every
+timing is a median of rounds taken in turn with the figure it is compared against (drift hits both
+alike), each runner settled first so that it does not pay for the state the previous one left:
 
 - dispatch: a small ``aten.add`` on 16 floats;
 - bytes/s: an 8 x 2048 by 2048 x 2048 matrix product (weight-streaming, as in decode); the same
@@ -27,8 +28,8 @@ from typing import Any
 
 import torch
 
-from airstream import environment
-from airstream.calibration import MachineCosts, cache_path, machine_costs
+from airstream.machine import environment
+from airstream.machine.calibration import MachineCosts, cache_path, machine_costs
 
 __all__ = ["costs_lines", "costs_report", "main", "measure"]
 
@@ -49,11 +50,11 @@ def _runner(fn: Any, example: list[torch.Tensor], side: Any) -> Any:
     compile)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    from airstream.graph.streams import assign_streams
     from airstream.passes.toolkit import place_on_stream
     from airstream.runtime.cpu import CpuExecutor
     from airstream.runtime.serial import SerialExecutor
     from airstream.schedule.plan import build_plan
-    from airstream.streams import assign_streams
 
     gm = make_fx(fn)(*example)
     if side is not None:

@@ -12,7 +12,7 @@ timed interleaved, medians:
 
 - ``eager``; ``inductor`` (``torch.compile`` defaults);
 - ``airstream`` (one stream, the default mode: max-autotune on CPU, reduce-overhead on CUDA;
-  ``airstream.mode``) and ``airstream <the other mode>``; ``auto_streams``; ``shared_expert``
+  ``airstream.graph.mode``) and ``airstream <the other mode>``; ``auto_streams``; ``shared_expert``
   (``shared_expert_overlap``, MoE models with a shared expert), both in the default mode;
 - ``alt_stream`` (MoE models with a shared expert): the same weights with each MoE block
   written as serving stacks write it, the shared expert under ``with alt_stream:`` and
@@ -39,7 +39,7 @@ from airstream.bench.timing import (
     synchronized,
 )
 from airstream.bench.verdict import never_slower, never_slower_line
-from airstream.nodes import AUTO_STREAMS_KEY
+from airstream.graph.nodes import AUTO_STREAMS_KEY
 
 __all__ = ["DECODE_MODELS", "build_model", "decode_step", "format_decode", "run_decode"]
 
@@ -117,7 +117,7 @@ def build_model(name: str, device: str = "cpu") -> tuple[Any, str | None]:
 def _backends(shared: str | None, inductor: bool, device: str) -> dict[str, Any]:
     import airstream
     from airstream import passes
-    from airstream.mode import MODES, resolve_mode
+    from airstream.graph.mode import MODES, resolve_mode
     from airstream.torch_internals import compile_fx
 
     def config(mode: str = "default", graph_pass: Any = None, measure: Any = "auto") -> Any:

@@ -32,12 +32,13 @@ from typing import Any
 
 import torch
 
-from airstream import environment, torch_internals
+from airstream import torch_internals
 from airstream.backend import get_backend
 from airstream.bench.moe import split_experts
 from airstream.bench.timing import checked_medians, run_conditions, with_threads
-from airstream.config import CompilerConfig
 from airstream.debug.profile import profile
+from airstream.machine import environment
+from airstream.options.config import CompilerConfig
 
 __all__ = [
     "HandSplit",

@@ -143,7 +143,7 @@ def hand_split(model: Any, x: torch.Tensor, name: str, parts: int = 2) -> torch.
 
 def _runners(name: str, layers: int, hidden: int, rank: int, world: int) -> dict[str, Any]:
     from airstream.backend import get_backend
-    from airstream.config import CompilerConfig
+    from airstream.options.config import CompilerConfig
     from airstream.passes.auto.microbatch import microbatch_overlap
 
     model = _model(name, layers, hidden, rank, world, comm=True)

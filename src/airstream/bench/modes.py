@@ -34,7 +34,7 @@ from airstream.backend import get_backend
 from airstream.bench.kernel_split import HandSplit, inductor_parts
 from airstream.bench.moe import MoE, split_experts
 from airstream.bench.timing import checked_medians, run_conditions, synchronized, with_threads
-from airstream.config import CompilerConfig
+from airstream.options.config import CompilerConfig
 
 __all__ = [
     "MODE_MODELS",

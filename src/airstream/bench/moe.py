@@ -31,8 +31,8 @@ from airstream.bench.timing import (
     with_threads,
 )
 from airstream.bench.verdict import never_slower, never_slower_line
-from airstream.config import CompilerConfig
 from airstream.ops.library import STREAM_LABEL_KEY, scope_enter, scope_exit
+from airstream.options.config import CompilerConfig
 from airstream.torch_internals import module_stack
 
 __all__ = ["MoE", "format_moe", "run_moe", "split_experts"]

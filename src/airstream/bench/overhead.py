@@ -32,8 +32,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from airstream.backend import get_backend
 from airstream.bench.timing import interleaved_medians, run_conditions
-from airstream.compile_cache import cache_compile
-from airstream.config import CompilerConfig
+from airstream.caching.compile_cache import cache_compile
+from airstream.options.config import CompilerConfig
 from airstream.runtime.handoff import describe as describe_handoff
 
 __all__ = ["run_overhead"]

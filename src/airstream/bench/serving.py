@@ -2,8 +2,8 @@
 
 A serving loop does ordinary torch work between model calls (logits processing, sampling, the
 tokenizer's tensors) with torch's default intra-op threads. That work leaves OpenMP's threads
-spinning on the cores a multi-stream call needs (see ``airstream.openmp``). Each model is timed
-two ways, runners interleaved, medians:
+spinning on the cores a multi-stream call needs (see ``airstream.machine.openmp``). Each model is
+timed two ways, runners interleaved, medians:
 
 - ``alone``: calls back to back, nothing else in the loop;
 - ``loop``: every call preceded by one step of eager sampling work (a vocabulary projection,
@@ -41,8 +41,8 @@ import torch
 from airstream.backend import get_backend
 from airstream.bench.moe import MoE, split_experts
 from airstream.bench.timing import run_conditions
-from airstream.config import CompilerConfig
-from airstream.openmp import openmp
+from airstream.machine.openmp import openmp
+from airstream.options.config import CompilerConfig
 from airstream.passes.auto import auto_streams
 from airstream.runtime.handoff import describe as describe_handoff
 

@@ -15,7 +15,7 @@ from airstream.backend import get_backend
 from airstream.bench.models import Branches, Mlp, MoEShared
 from airstream.bench.moe import MoE, split_experts
 from airstream.bench.timing import checked_medians, run_conditions
-from airstream.config import CompilerConfig
+from airstream.options.config import CompilerConfig
 from airstream.passes.auto import auto_streams, moe_experts, shared_expert_overlap
 from airstream.runtime.measured import ONE_STREAM
 

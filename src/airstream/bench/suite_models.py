@@ -47,7 +47,7 @@ def run_suite_models(models: Sequence[str], rounds: int = 7, calls: int = 50) ->
     what auto_streams' measuring kept."""
     import airstream
     from airstream import passes
-    from airstream.mode import resolve_mode
+    from airstream.graph.mode import resolve_mode
     from airstream.selftest.architectures import ARCHS
     from airstream.selftest.models import LENGTHS, _inputs
 

@@ -19,7 +19,7 @@ import torch
 from airstream.backend import get_backend
 from airstream.bench.moe import MoE, split_experts
 from airstream.bench.timing import checked_medians, run_conditions
-from airstream.config import CompilerConfig
+from airstream.options.config import CompilerConfig
 
 __all__ = ["format_threads", "run_threads", "thread_counts"]
 

@@ -138,8 +138,8 @@ def _rank_bench(
 ) -> dict[str, Any]:
     from airstream.backend import get_backend
     from airstream.bench.timing import checked_medians
-    from airstream.config import CompilerConfig
     from airstream.debug.profile import profile
+    from airstream.options.config import CompilerConfig
     from airstream.passes.auto.overlap import overlap_communication
 
     torch.manual_seed(0)

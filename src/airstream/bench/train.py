@@ -30,7 +30,7 @@ import torch
 from airstream.bench.decode import DECODE_MODELS, PREDICTED, measure_until_decided
 from airstream.bench.timing import interleaved_medians, run_conditions
 from airstream.bench.verdict import never_slower, never_slower_line
-from airstream.nodes import AUTO_STREAMS_KEY
+from airstream.graph.nodes import AUTO_STREAMS_KEY
 
 __all__ = ["TRAIN_MODELS", "format_train", "run_train"]
 

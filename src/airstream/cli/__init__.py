@@ -1,9 +1,14 @@
 """The ``airstream`` command.
 
 ``parser.py`` declares its subcommands and their --help; each runs a function of ``commands.py``
-(demo, explain, doctor, bench), ``selftest.py`` (the self-test suites and their reports) or
-``run.py`` (a script run with airstream). Those functions import what they need when they run:
-building the parser loads no benchmark or self-test module.
+(``demo.py``, ``explain.py``, ``doctor.py``, the benchmarks of ``benches.py``), ``selftest.py``
+(the self-test suites and their reports) or ``run.py`` (a script run with airstream, reported by
+``run_report.py``). ``explain.py`` is also the library's ``airstream.explain``. Those functions
+import what they need when they run: building the parser loads no benchmark or self-test
+module.
+
+Layer: applications. May import: torch_internals, options, machine, graph, passes, runtime, debug,
+compiler, backend, caching, compat, selftest, examples, bench, airstream.
 """
 
 from __future__ import annotations

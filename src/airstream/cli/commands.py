@@ -10,7 +10,7 @@ __all__ = ["bench", "demo", "doctor", "explain"]
 
 def demo(args: argparse.Namespace) -> int:
     """``airstream demo``: the TorchAir guide's example, compiled and explained."""
-    from airstream.demo import run_demo
+    from airstream.cli.demo import run_demo
 
     text, ok = run_demo(size=args.size, seed=args.seed, out_dir=args.out or None)
     print(text, end="")
@@ -28,8 +28,8 @@ def explain(args: argparse.Namespace) -> int:
     """``airstream explain``: compile the model of a module:factory target and report it."""
     import importlib
 
-    from airstream.config import CompilerConfig
-    from airstream.explain import explain as explain_model
+    from airstream.cli.explain import explain as explain_model
+    from airstream.options.config import CompilerConfig
 
     module_name, _, attr = args.target.partition(":")
     if not attr:
@@ -56,10 +56,10 @@ def explain(args: argparse.Namespace) -> int:
 
 
 def doctor(args: argparse.Namespace) -> int:
-    """``airstream doctor``: what a bug report needs (airstream.doctor)."""
+    """``airstream doctor``: what a bug report needs (airstream.cli.doctor)."""
     import json
 
-    from airstream.doctor import collect, format_report
+    from airstream.cli.doctor import collect, format_report
 
     report = collect(recalibrate=args.recalibrate)
     print(json.dumps(report.as_dict(), indent=2) if args.json else format_report(report), end="")
@@ -71,8 +71,8 @@ def cache(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from airstream.cache_files import clear_entries, default_root, list_entries
-    from airstream.decisions import clear_decisions, decisions_root, list_decisions
+    from airstream.caching.cache_files import clear_entries, default_root, list_entries
+    from airstream.compiler.decisions import clear_decisions, decisions_root, list_decisions
 
     root = Path(args.dir) if args.dir else default_root()
     decided = None if args.dir else decisions_root()  # --dir: another program's cache

@@ -15,8 +15,8 @@ def run_script(args: argparse.Namespace) -> int:
     if not args.torchair:
         print("airstream run: only --torchair scripts are supported so far", file=sys.stderr)
         return 2
+    from airstream.cli.run_report import WhereRan, where_ran
     from airstream.compat.torchair import install
-    from airstream.run_report import WhereRan, where_ran
     from airstream.runtime.trace import add_listener, remove_listener
 
     seen = WhereRan() if install() else None
@@ -41,12 +41,12 @@ def relaunch_for_openmp() -> None:
 
     The runtime reads its idle policy when torch loads, before a script runs; a process that
     alternates multi-stream calls with its own torch work keeps more of the streams' speed with
-    idle threads that spin briefly (see airstream.openmp). ``import airstream`` sets the policy
-    before torch loads (airstream.launch), so this starts a second process only where something
-    imported torch before airstream. Does not return when it relaunches."""
+    idle threads that spin briefly (see airstream.machine.openmp). ``import airstream`` sets the
+    policy before torch loads (airstream.machine.launch), so this starts a second process only where
+    something imported torch before airstream. Does not return when it relaunches."""
     import os
 
-    from airstream.openmp import launch_environment
+    from airstream.machine.openmp import launch_environment
 
     extra = launch_environment(dict(os.environ))
     if extra:

@@ -31,7 +31,7 @@ all at start-up, on vLLM's own dummy runs::
 For a config of your own, put ``backend = airstream.get_backend(config)`` in a module of yours
 and name it: ``"backend": "mymodule.backend"``.
 
-What vLLM's CPU ops mean for streams is in :mod:`airstream.foreign_ops`: its kernels share one
+What vLLM's CPU ops mean for streams is in :mod:`airstream.graph.foreign_ops`: its kernels share one
 scratch buffer per process, so no two of them run at once on different streams, and its
 attention runs alone on the main stream. vLLM's AOT compile (``VLLM_USE_AOT_COMPILE``, on by
 default) saves the compiled function but loads only its own backend's artifacts: with any other
@@ -45,7 +45,7 @@ import importlib
 from typing import Any
 
 from airstream.backend import AirstreamBackend, get_backend
-from airstream.config import CompilerConfig
+from airstream.options.config import CompilerConfig
 from airstream.passes import auto_streams as _auto_streams
 from airstream.passes import shared_expert_overlap
 from airstream.runtime.size_ranges import one_size_per_range

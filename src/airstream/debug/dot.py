@@ -8,13 +8,14 @@ import torch
 import torch.fx
 
 from airstream.debug.report import native_call_text
-from airstream.nodes import (
+from airstream.graph.nodes import (
     INSERTED_BY_KEY,
     segment_of,
     source_line,
     target_name,
     torch_function_name,
 )
+from airstream.graph.streams import StreamAssignment
 from airstream.ops.library import (
     STREAM_LABEL_KEY,
     record,
@@ -24,7 +25,6 @@ from airstream.ops.library import (
     wait_tensor,
 )
 from airstream.schedule.plan import StreamPlan
-from airstream.streams import StreamAssignment
 from airstream.torch_internals import OpOverload, OpOverloadPacket, op_name
 
 __all__ = ["PALETTE", "marker_of", "op_label", "to_dot"]

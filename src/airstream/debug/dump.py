@@ -50,14 +50,14 @@ from typing import Any
 
 import torch.fx
 
-from airstream.cache_dir import cache_root
 from airstream.debug.dot import to_dot
+from airstream.debug.observers import CompileObserver
 from airstream.debug.report import format_segments, format_streams
 from airstream.errors import StreamError
-from airstream.observers import CompileObserver
+from airstream.graph.streams import StreamAssignment, assign_streams
+from airstream.machine.cache_dir import cache_root
 from airstream.passes.manager import PassSpec
 from airstream.schedule.plan import StreamPlan
-from airstream.streams import StreamAssignment, assign_streams
 
 __all__ = ["DumpObserver", "GraphDumper", "dump_observer", "dumper_for", "start_run"]
 

@@ -9,10 +9,10 @@ from typing import Any
 import torch.fx
 
 from airstream import torch_internals
-from airstream.nodes import segment_of, source_line, target_name
+from airstream.graph.nodes import segment_of, source_line, target_name
+from airstream.graph.streams import StreamAssignment
 from airstream.ops.library import record, scope_enter, scope_exit, wait, wait_tensor
 from airstream.ops.torch_streams import TorchStreams, torch_streams_of
-from airstream.streams import StreamAssignment
 
 __all__ = [
     "ControlEdge",

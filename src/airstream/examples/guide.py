@@ -46,7 +46,7 @@ def custom_pre_pass(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], con
 
 def explain_target() -> tuple[Model, tuple[torch.Tensor], Any]:
     """For ``airstream explain airstream.examples.guide:explain_target``."""
-    from airstream.config import CompilerConfig
+    from airstream.options.config import CompilerConfig
 
     config = CompilerConfig()
     config.post_grad_custom_pre_pass = custom_pre_pass

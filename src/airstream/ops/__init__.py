@@ -1,4 +1,7 @@
-"""The ``air`` ops, their Python wrappers, and the ``airstream.stream`` context manager."""
+"""The ``air`` ops, their Python wrappers, and the ``airstream.stream`` context manager.
+
+Layer: base. May import: torch_internals.
+"""
 
 from airstream.ops import air_print, library, tagged
 from airstream.ops.stream import stream

@@ -25,8 +25,8 @@ fixes, and the eager kernel returns a fresh tensor (fake kernel alike: same shap
 and device as ``self.clone()``). The copy costs eager mode only: compiled graphs never run this
 kernel, airstream's executors (``airstream.runtime``) run ``wait_tensor(x, dep)`` as ``x`` (as a
 copy only where ``x`` is broadcast or strided, so that its value has the fresh layout its fake
-kernel gives it), and ``airstream.effects`` accounts for that by treating the result as an alias
-of ``x``.
+kernel gives it), and ``airstream.graph.effects`` accounts for that by treating the result as an
+alias of ``x``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Graph passes: the pipeline that runs them and the built-ins."""
+"""Graph passes: the pipeline that runs them and the built-ins.
+
+Layer: passes. May import: errors, torch_internals, options, machine, ops, graph, schedule.
+"""
 
 from airstream.passes.auto import (
     AutoStreamsDecision,

@@ -26,12 +26,12 @@ from typing import Any
 
 import torch.fx
 
-from airstream.config import CompilerConfig
-from airstream.effects import effects
 from airstream.errors import PassError, StreamError
-from airstream.nodes import INSERTED_BY_KEY, describe
+from airstream.graph.effects import effects
+from airstream.graph.nodes import INSERTED_BY_KEY, describe
 from airstream.ops.library import adopt_air_aliases, record, wait, wait_tensor
-from airstream.option_checks import callable_source, pass_style
+from airstream.options.checks import callable_source, pass_style
+from airstream.options.config import CompilerConfig
 from airstream.passes.builtin import BUILTIN_PASSES, FINAL_PASSES
 from airstream.passes.meta import check_meta, fill_meta, node_inputs
 from airstream.passes.regions import air_layout
@@ -164,7 +164,7 @@ class PassManager:
         """Run every pass on ``gm`` in order (only those of ``stages`` where given: a graph a
         pass set aside finishes the stages after it); return a result per pass. ``settle(gm)``
         runs once between the custom post pass(es) and the final built-ins, which read the
-        streams it settles (:func:`airstream.streams.lower_streams`)."""
+        streams it settles (:func:`airstream.graph.streams.lower_streams`)."""
         results = []
         self.observer.started(gm, graph_kind)
         specs = self.passes if stages is None else [s for s in self.passes if s.stage in stages]

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.nodes import describe
+from airstream.graph.nodes import describe
 from airstream.torch_internals import FakeTensor, FakeTensorMode, detect_fake_mode
 
 __all__ = ["MetaError", "check_meta", "fake_mode_of", "fill_meta", "node_inputs"]

@@ -20,7 +20,8 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.nodes import describe, graph_kind
+from airstream.graph.nodes import describe, graph_kind
+from airstream.graph.streams import StreamAssignment, assign_streams
 from airstream.ops.library import (
     STREAM_LABEL_KEY,
     STREAM_PRIORITY_KEY,
@@ -31,7 +32,6 @@ from airstream.ops.library import (
     wait,
 )
 from airstream.passes.meta import fill_meta
-from airstream.streams import StreamAssignment, assign_streams
 from airstream.torch_internals import OpOverloadPacket, module_stack
 
 __all__ = [

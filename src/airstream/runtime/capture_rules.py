@@ -12,8 +12,9 @@ import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from airstream.effects import alias_classes, effects
-from airstream.nodes import describe
+from airstream.graph.effect_queries import alias_classes
+from airstream.graph.effects import effects
+from airstream.graph.nodes import describe
 from airstream.ops.torch_streams import NATIVE_HOST_SYNCS
 
 __all__ = ["capture_blockers", "written_inputs"]

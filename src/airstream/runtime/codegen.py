@@ -35,9 +35,9 @@ from typing import Any, Protocol, runtime_checkable
 import torch.fx
 
 from airstream import torch_internals
-from airstream.effects import data_inputs
-from airstream.layouts import same_layout_as
-from airstream.nodes import describe, segment_of
+from airstream.graph.effect_queries import data_inputs
+from airstream.graph.layouts import same_layout_as
+from airstream.graph.nodes import describe, segment_of
 from airstream.ops.library import record, wait_tensor
 from airstream.ops.torch_streams import NATIVE_OPS
 from airstream.runtime.trace import op_begin, op_end

@@ -49,7 +49,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.openmp import release_idle_threads, set_intra_op_threads
+from airstream.machine.openmp import release_idle_threads, set_intra_op_threads
 from airstream.runtime.call import Aborted, Call
 from airstream.runtime.codegen import GeneratedCode
 from airstream.runtime.handoff import SPIN_NS, flag_type, team_runner
@@ -273,7 +273,7 @@ class CpuExecutor:
         ``threads_per_stream`` intra-op threads each; the caller's own count back after."""
         if self.release_openmp_threads:
             # The caller's own torch work leaves its OpenMP team spinning on the cores the
-            # side streams are about to need (see airstream.openmp).
+            # side streams are about to need (see airstream.machine.openmp).
             release_idle_threads()
         submit_all([(worker, job) for (worker, _), job in zip(self.sides, jobs, strict=True)])
         # The caller is the main stream's worker: it too runs with threads_per_stream intra-op

@@ -58,7 +58,6 @@ What makes it safe:
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
@@ -66,7 +65,15 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.config import CUDA_GRAPH_RERECORD_LIMIT
+from airstream.options.config import CUDA_GRAPH_RERECORD_LIMIT
+from airstream.runtime.capture import (
+    Captured,
+    CaptureFailed,
+    capture_call,
+    copy_like,
+    empty_strided_like,
+    expanded,
+)
 from airstream.runtime.capture_pool import CapturePool
 from airstream.runtime.capture_rules import capture_blockers, written_inputs
 from airstream.runtime.cuda import CudaExecutor
@@ -81,33 +88,6 @@ __all__ = [
     "copy_like",
     "written_inputs",
 ]
-
-
-class CaptureFailed(RuntimeError):
-    """CUDA graph capture failed; the process was left as before it started."""
-
-
-def _expanded(value: torch.Tensor) -> bool:
-    """Does ``value`` repeat memory (a stride of 0), which no copy can share memory like?"""
-    layout = zip(value.shape, value.stride(), strict=True)
-    return any(stride == 0 and size > 1 for size, stride in layout)
-
-
-def _empty_like(value: torch.Tensor) -> torch.Tensor:
-    """Uninitialized memory with ``value``'s strides (``empty_like`` makes gaps contiguous)."""
-    return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
-
-
-def copy_like(value: Any) -> Any:
-    """A copy of ``value`` with its strides (``clone`` makes a tensor with gaps contiguous); an
-    expanded tensor comes back contiguous."""
-    if not isinstance(value, torch.Tensor):
-        return value
-    if _expanded(value):
-        return value.clone(memory_format=torch.contiguous_format)
-    out = _empty_like(value)
-    out.copy_(value)
-    return out
 
 
 class CudaGraphExecutor:
@@ -180,56 +160,16 @@ class CudaGraphExecutor:
 
     def _capture(self, args: Sequence[Any]) -> None:
         """Warm up, then capture one call on the device's capture stream into the pool."""
-        api, device = self.api, self.device
-        caller = api.current_stream(device)
         by_address = self._by_address(args)
-        inputs = [copy_like(a) if i not in by_address else a for i, a in enumerate(args)]
-        # a parameter or buffer the graph writes is written by the replay only, once per call
-        warm = [copy_like(a) if i in self._written else a for i, a in enumerate(inputs)]
-        with api.capture_lock:
-            stream = api.capture_stream(device)
-            stream.wait_stream(caller)  # the input copies, and whatever made the inputs
-            # made on the caller's stream, used on the capture stream: kept until it is done
-            for i, value in enumerate(warm):
-                if i not in by_address or i in self._written:
-                    api.keep(value, stream)
-            api.set_stream(stream)
-            try:
-                for _ in range(self.warmup):  # a model error here is the caller's to see
-                    self.inner(list(warm))
-                del warm
-                graph, memory, uses = self._begin(api, device)
-                try:
-                    with api.own_capture():
-                        outputs = self.inner(list(inputs))
-                    api.capture_end(graph)
-                except BaseException as error:
-                    api.set_stream(stream)
-                    api.abandon_capture(graph, memory, device, uses)
-                    if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit
-                        raise
-                    raise CaptureFailed(f"{type(error).__name__}: {error}") from error
-                finally:
-                    with contextlib.suppress(Exception):  # the capture's outcome counts
-                        api.clear_cublas_workspaces()
-            finally:
-                api.set_stream(caller)
-                caller.wait_stream(stream)  # replays come after the warm-up's work
-        self._keep_capture(graph, args, inputs, outputs, stream, by_address)
+        captured = capture_call(self.inner, self.pool, args, by_address, self._written, self.warmup)
+        self._keep_capture(captured, args, by_address)
 
-    def _keep_capture(
-        self,
-        graph: Any,
-        args: Sequence[Any],
-        inputs: list[Any],
-        outputs: Any,
-        stream: Any,
-        by_address: set[int],
-    ) -> None:
+    def _keep_capture(self, captured: Captured, args: Sequence[Any], by_address: set[int]) -> None:
         """What a replay needs of the capture just made: buffers, addresses, what is handed."""
-        self._graph = graph
+        inputs, outputs = captured.inputs, captured.outputs
+        self._graph = captured.graph
         self._static_outputs = outputs
-        self._kept_for = {stream}
+        self._kept_for = {captured.stream}
         self._static_indices = sorted(i for i in by_address if isinstance(args[i], torch.Tensor))
         self._addresses = [None] * len(args)
         for i in self._static_indices:
@@ -270,26 +210,6 @@ class CudaGraphExecutor:
                 if isinstance(a, torch.Tensor) and _storage(a) in shared
             }
         return found
-
-    def _begin(self, api: Any, device: torch.device) -> tuple[Any, Any, int]:
-        """Side streams drawn, graph and pool made, workspaces cleared, capture begun; a failure
-        on the way is a failed capture, with what was made undone."""
-        graph = memory = None
-        uses = 0
-        try:
-            self.inner.side_streams(capturing=True)  # drawn now, not inside the capture
-            graph, memory = api.new_graph(), self.pool.memory(api, device)
-            uses = memory.use_count()
-            # The capture allocates its own cuBLAS workspace inside its pool: one cached by the
-            # warm-up (outside the pool) would be baked into the graph, then reused.
-            api.clear_cublas_workspaces()
-            api.capture_begin(graph, memory)
-        except Exception as error:
-            if graph is not None and memory is not None:
-                api.abandon_capture(graph, memory, device, uses)
-            why = f"setting the capture up: {type(error).__name__}: {error}"
-            raise CaptureFailed(why) from error
-        return graph, memory, uses
 
     def _moved(self, args: list[Any]) -> bool:
         """A static input is not the tensor the graph captured (one C call for all of them)."""
@@ -364,10 +284,10 @@ class CudaGraphExecutor:
         srcs: list[torch.Tensor] = []
         for i in self._own:
             value = outputs[i]
-            if _expanded(value):
+            if expanded(value):
                 outputs[i] = copy_like(value)
                 continue
-            outputs[i] = _empty_like(value)
+            outputs[i] = empty_strided_like(value)
             dsts.append(outputs[i])
             srcs.append(value)
         foreach_copy(dsts, srcs)

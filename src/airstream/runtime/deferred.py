@@ -1,5 +1,5 @@
 """An executor built at its first call: what a measured graph's other candidates are
-(:mod:`airstream.measuring`), so a graph's first call waits for one compile, not one per
+(:mod:`airstream.compiler.measuring`), so a graph's first call waits for one compile, not one per
 candidate. Each is built on the call that is not timed (:mod:`airstream.runtime.measured` times
 the second call of each pair), under the caller's thread, outside inference mode and without
 grad (a compile makes tensors of its own)."""

@@ -39,9 +39,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from airstream import environment
-from airstream.cache_dir import cache_root
-from airstream.openmp import forked_child, openmp
+from airstream.machine import environment
+from airstream.machine.cache_dir import cache_root
+from airstream.machine.openmp import forked_child, openmp
 from airstream.runtime import extension
 
 __all__ = ["SPIN_NS", "LockFlag", "TeamRunner", "describe", "flag_type", "spins", "team_runner"]
@@ -54,7 +54,7 @@ _SOURCE_FILE = Path(__file__).with_name("handoff.c")
 
 
 def _cache_dir() -> Path:
-    """airstream's cache directory (:func:`airstream.cache_dir.cache_root`)."""
+    """airstream's cache directory (:func:`airstream.machine.cache_dir.cache_root`)."""
     return cache_root()
 
 

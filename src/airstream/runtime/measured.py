@@ -179,7 +179,7 @@ class MeasuredExecutor:
     call from several threads (a call measured under the lock counts). ``one_stream_first``:
     one stream takes each range's first turn (the order must not change the decision: a
     candidate's calls may leave no state behind that slows another, see
-    :mod:`airstream.foreign_ops`)."""
+    :mod:`airstream.graph.foreign_ops`)."""
 
     def __init__(
         self,

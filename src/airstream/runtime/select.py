@@ -7,9 +7,9 @@ import torch
 import torch.fx
 
 from airstream import torch_internals
-from airstream.config import CompilerConfig
-from airstream.openmp import openmp
+from airstream.machine.openmp import openmp
 from airstream.ops.torch_streams import torch_streams_of
+from airstream.options.config import CompilerConfig
 from airstream.runtime.capture_pool import CapturePool
 from airstream.runtime.codegen import Executor
 from airstream.runtime.cpu import CpuExecutor
@@ -34,7 +34,7 @@ def choose_executor(
     capture_pool: CapturePool | None = None,
 ) -> Executor:
     """Node by node for data_dump; serial for run_eagerly; CUDA streams on a CUDA ``device``
-    (the graph's, :func:`airstream.devices.graph_device`; captured as CUDA graphs in ``mode``
+    (the graph's, :func:`airstream.graph.devices.graph_device`; captured as CUDA graphs in ``mode``
     reduce-overhead, the mode the graph compiles in); threads elsewhere. A CPU graph with
     nothing off the main stream runs serially: no thread to hand off to. ``static_inputs``: the
     parameter and buffer inputs, where the caller knows them (a graph loaded from the compile

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.effects import data_inputs
+from airstream.graph.effect_queries import data_inputs
 from airstream.runtime.codegen import Label
 from airstream.schedule.plan import StreamPlan
 

@@ -27,8 +27,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from airstream.cache_dir import cache_root
 from airstream.errors import TorchSupportError
+from airstream.machine.cache_dir import cache_root
 from airstream.runtime import extension
 from airstream.torch_internals import cpp_build, require, set_grad_enabled
 

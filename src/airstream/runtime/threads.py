@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
-from airstream.openmp import set_intra_op_threads
+from airstream.machine.openmp import set_intra_op_threads
 from airstream.runtime.call import Call
 from airstream.schedule.overlap import overlapping_runs, uses_threads
 from airstream.schedule.plan import StreamPlan, StreamSteps, Wait

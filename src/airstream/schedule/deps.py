@@ -7,8 +7,8 @@ keep graph order), collectives (``torch.distributed`` functional collectives are
 order on whatever streams they run, so every rank issues them in the same order and no placement
 can pair one rank's all_reduce with another rank's all_gather) and shared state (ops sharing a
 process-global state, such as vLLM's CPU scratchpad, run one at a time, in graph order:
-:mod:`airstream.foreign_ops`); an op that needs the caller's threads (vLLM's CPU attention) runs
-alone, after every earlier node and before every later one. The planner turns the cross-stream
+:mod:`airstream.graph.foreign_ops`); an op that needs the caller's threads (vLLM's CPU attention)
+runs alone, after every earlier node and before every later one. The planner turns the cross-stream
 ones into event syncs.
 """
 
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch.fx
 
-from airstream.effects import Effects, effects, is_executed
+from airstream.graph.effect_queries import is_executed
+from airstream.graph.effects import Effects, effects
 from airstream.ops.library import record, wait, wait_tensor
 
 __all__ = ["Requirement", "requirements"]
@@ -156,7 +157,7 @@ def requirements(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[Requirement]
 
     ``before`` is always earlier in graph order. A requirement on a record token means "everything
     on the record's stream up to the record"; the planner resolves it to a position. The effects
-    of each node come from :mod:`airstream.effects`.
+    of each node come from :mod:`airstream.graph.effects`.
     """
     seen = _Order()
     out: dict[torch.fx.Node, list[Requirement]] = {}

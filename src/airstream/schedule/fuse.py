@@ -19,7 +19,7 @@ place of its first node, and ``getitem`` nodes unpack its outputs. The fused nod
 ``meta["air_segment"]`` (a CompiledSegment: the nodes it fused, the kernels Inductor generated,
 the compile time; read it with :func:`segment_of`) for dumps, the profiler and ``explain``, and
 ``meta["air_effects"]``, the summary of its members' effects, so the planner can plan the fused
-graph from scratch (``airstream.effects``).
+graph from scratch (``airstream.graph.effects``).
 
 A segment Inductor cannot compile runs as the aten code it was, with one warning naming the
 segment, its nodes and Inductor's error (``CompiledGraph.fallbacks`` counts them);
@@ -44,12 +44,14 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream import environment, torch_internals
-from airstream.effects import EFFECTS_KEY, summarize
+from airstream import torch_internals
 from airstream.errors import PassError, TorchSupportError
-from airstream.fused import CompiledSegment, Segment
-from airstream.fusion import is_matmul
-from airstream.nodes import SEGMENT_KEY
+from airstream.graph.effect_queries import summarize
+from airstream.graph.effects import EFFECTS_KEY
+from airstream.graph.fused import CompiledSegment, Segment
+from airstream.graph.fusion import is_matmul
+from airstream.graph.nodes import SEGMENT_KEY
+from airstream.machine import environment
 from airstream.schedule.overlap import overlapping_runs
 from airstream.schedule.plan import StreamPlan
 from airstream.schedule.segment_cut import SegmentOutput, segment_module, views_after

@@ -24,7 +24,7 @@ import operator
 import torch
 import torch.fx
 
-from airstream.effects import effects
+from airstream.graph.effects import effects
 from airstream.schedule.plan import StreamPlan
 
 __all__ = ["THREADED_NUMEL", "overlapping_runs", "uses_threads"]
@@ -43,7 +43,7 @@ def uses_threads(node: torch.fx.Node) -> bool:
     if node.op != "call_function" or node.target is operator.getitem:
         return False
     found = effects(node)
-    if found.caller_threads:  # it must get the caller's threads (airstream.foreign_ops)
+    if found.caller_threads:  # it must get the caller's threads (airstream.graph.foreign_ops)
         return True
     if found.view:
         return False

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 import torch.fx
 
-from airstream.effects import is_executed
+from airstream.graph.effect_queries import is_executed
+from airstream.graph.streams import StreamAssignment
 from airstream.ops.library import record, wait
 from airstream.schedule.deps import Requirement, requirements
-from airstream.streams import StreamAssignment
 
 __all__ = [
     "Record",

@@ -16,10 +16,10 @@ import torch
 import torch.fx
 
 from airstream import torch_internals
-from airstream.effects import effects
-from airstream.fused import Segment
-from airstream.layouts import dense_order
-from airstream.nodes import MADE_AFTER_KEY
+from airstream.graph.effects import effects
+from airstream.graph.fused import Segment
+from airstream.graph.layouts import dense_order
+from airstream.graph.nodes import MADE_AFTER_KEY
 
 __all__ = ["SegmentOutput", "segment_module", "views_after"]
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.layouts import dense_order, hints, same_layout
+from airstream.graph.layouts import dense_order, hints, same_layout
 from airstream.schedule.segment_cut import SegmentOutput
 
 __all__ = ["LayoutMismatch", "check_layouts", "restore_layouts", "wanted_strides"]

@@ -1,10 +1,10 @@
 """Segments for max-autotune: runs of fusible ops between a stream's sync points.
 
 A segment is a maximal run of consecutive ``Run`` steps of one stream's program, with no
-``Record`` or ``Wait`` step inside it, made only of ops :func:`airstream.fusion.fusible` accepts.
-Every value another stream reads is followed by a record, and every value read from another stream
-is preceded by a wait, so a segment's inputs are complete when it starts and nothing outside it
-needs a value before it ends: fusing it into one step never crosses a stream or a sync.
+``Record`` or ``Wait`` step inside it, made only of ops :func:`airstream.graph.fusion.fusible`
+accepts. Every value another stream reads is followed by a record, and every value read from another
+stream is preceded by a wait, so a segment's inputs are complete when it starts and nothing outside
+it needs a value before it ends: fusing it into one step never crosses a stream or a sync.
 ``schedule/fuse.py`` compiles and substitutes them; the planner then plans the final graph.
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import torch
 import torch.fx
 
-from airstream.fused import Segment
-from airstream.fusion import fusible
+from airstream.graph.fused import Segment
+from airstream.graph.fusion import fusible
 from airstream.schedule.plan import Run, StreamPlan, StreamSteps
 
 __all__ = ["Segment", "find_segments"]

@@ -20,11 +20,11 @@ import torch
 import torch.fx
 
 from airstream import torch_internals
-from airstream.devices import graph_device
+from airstream.graph.devices import graph_device
+from airstream.graph.streams import assign_streams
 from airstream.ops.library import AIR_OPS, record, scope_enter, scope_exit, wait, wait_tensor
 from airstream.ops.torch_streams import CPU_STREAM_HOME, TorchStreams, current_stream
 from airstream.schedule.plan import Record, Run, Wait, build_plan
-from airstream.streams import assign_streams
 
 __all__ = ["TorchStreamsWritten", "write_torch_streams"]
 

@@ -24,12 +24,12 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from airstream.errors import StreamError
-from airstream.layouts import same_layout_as
+from airstream.graph.layouts import same_layout_as
+from airstream.graph.streams import assign_streams
 from airstream.ops.library import STREAM_LABEL_KEY
 from airstream.runtime.cpu import CpuExecutor
 from airstream.runtime.serial import SerialExecutor
 from airstream.schedule.plan import build_plan
-from airstream.streams import assign_streams
 
 __all__ = [
     "FuzzHang",

@@ -39,8 +39,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from airstream import torch_internals
 from airstream.backend import AirstreamBackend
-from airstream.config import CompilerConfig
 from airstream.ops.library import STREAM_LABEL_KEY, is_air_op, scope_enter, scope_exit
+from airstream.options.config import CompilerConfig
 from airstream.selftest.sweep_report import (
     CONFIGS,
     INDUCTOR_CONFIGS,

@@ -24,6 +24,8 @@ the supported range, the first time its group is needed, never a silent fallback
 
 ``probe_all()`` runs every probe (``airstream doctor`` prints the result; the test suite requires
 all of them on every supported torch).
+
+Layer: base. May import: errors.
 """
 
 from __future__ import annotations

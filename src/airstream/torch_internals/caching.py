@@ -1,7 +1,7 @@
-"""Private torch APIs of the on-disk compile cache (:mod:`airstream.compile_cache`): Dynamo's
-ahead-of-time compile of a whole function (its bytecode, guards and backend result saved to one
-file), AOTAutograd's bundled cache entry (which pickles the backend's ``OutputCode``), FX's graph
-pickler, and the record of which source lines a compiled function traced."""
+"""Private torch APIs of the on-disk compile cache (:mod:`airstream.caching.compile_cache`):
+Dynamo's ahead-of-time compile of a whole function (its bytecode, guards and backend result saved to
+one file), AOTAutograd's bundled cache entry (which pickles the backend's ``OutputCode``), FX's
+graph pickler, and the record of which source lines a compiled function traced."""
 
 from __future__ import annotations
 

@@ -146,7 +146,7 @@ def _probe_dynamo_skip() -> Callable[..., Any]:
     "torch._library.utils.is_impure",
     "core",
     "torch's own side-effect rules (side-effectful functions, ops registered as effectful, "
-    "higher-order ops such as auto_functionalized), which airstream.effects follows",
+    "higher-order ops such as auto_functionalized), which airstream.graph.effects follows",
 )
 def _probe_impurity() -> Callable[..., bool]:
     fn = _attr("torch._library.utils:is_impure")
@@ -157,7 +157,7 @@ def _probe_impurity() -> Callable[..., bool]:
 
 def torch_side_effects(target: Any, args: Any = None, kwargs: Any = None) -> bool:
     """torch's verdict on whether calling ``target`` has an effect beyond its result, random
-    number draws not counted (``airstream.effects`` decides those from the op's tag)."""
+    number draws not counted (``airstream.graph.effects`` decides those from the op's tag)."""
     return bool(_get("impurity")(target, args=args, kwargs=kwargs, impure_random=False))
 
 

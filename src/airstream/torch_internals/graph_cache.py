@@ -1,6 +1,6 @@
 """Private torch APIs of torch.compile's restart with airstream's backend
-(:mod:`airstream.graph_cache`): AOTAutograd's own cache, which looks a Dynamo graph up before
-tracing it when the graph compiler says it returns an ``OutputCode``
+(:mod:`airstream.compiler.graph_cache`): AOTAutograd's own cache, which looks a Dynamo graph up
+before tracing it when the graph compiler says it returns an ``OutputCode``
 (``SerializableAOTDispatchCompiler``), and saves the compiler's result itself in the entry when
 ``bundled_autograd_cache`` is on; its key holds ``torch.compiler.config.cache_key_tag``."""
 

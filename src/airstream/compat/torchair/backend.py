@@ -11,7 +11,7 @@ from typing import Any
 from airstream.backend import AirstreamBackend
 from airstream.compat.torchair.config import CompilerConfig
 from airstream.compat.torchair.mapping import capture_mode
-from airstream.config import CompilerConfig as AirConfig
+from airstream.options.config import CompilerConfig as AirConfig
 
 __all__ = ["OPTION_PATHS", "TorchairBackend"]
 

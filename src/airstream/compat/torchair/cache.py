@@ -1,5 +1,5 @@
 """``torchair.inference.cache_compile`` on airstream's compile cache
-(:mod:`airstream.compile_cache`), in TorchAir's directory layout, and the names of
+(:mod:`airstream.caching.compile_cache`), in TorchAir's directory layout, and the names of
 ``torchair.inference._cache_compiler`` TorchAir's own tests use (``CompiledModel.get_cache_bin``,
 ``ModelCacheSaver``).
 
@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
-from airstream import environment
-from airstream.cache_files import entry_files
-from airstream.cache_key import pass_identity
+from airstream.caching.cache_files import entry_files
+from airstream.caching.compile_cache import CachedFunction
 from airstream.compat.torchair.config import CompilerConfig
-from airstream.compile_cache import CachedFunction
+from airstream.compiler.cache_key import pass_identity
+from airstream.machine import environment
 
 __all__ = ["CompiledModel", "ModelCacheSaver", "TorchairCached", "cache_compile", "readable_cache"]
 

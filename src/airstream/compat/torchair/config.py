@@ -30,7 +30,7 @@ from airstream.compat.torchair.groups import (
 )
 from airstream.compat.torchair.mapping import _AIRSTREAM, _READ_HERE, _SETTABLE_ALIASES, MODES
 from airstream.compat.torchair.values import Callback, Choice, Group, Value
-from airstream.config import CompilerConfig as AirConfig
+from airstream.options.config import CompilerConfig as AirConfig
 
 __all__ = ["CompilerConfig", "npu_only_paths"]
 

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from airstream.environment import TORCH_COMPILE_DEBUG
+from airstream.machine.environment import TORCH_COMPILE_DEBUG
 
 __all__ = ["EVENT", "logger"]
 

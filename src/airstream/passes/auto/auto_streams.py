@@ -1,7 +1,7 @@
 """``passes.auto_streams()``: streams without labels, by graph structure and list scheduling.
 
-Every figure comes from the machine (``airstream.calibration``: measured once per machine and
-torch, or nominal): each op's cost (``cost.py``), the cost of a side stream and of a sync, and
+Every figure comes from the machine (``airstream.machine.calibration``: measured once per machine
+and torch, or nominal): each op's cost (``cost.py``), the cost of a side stream and of a sync, and
 how much slower work runs beside another stream (``simulate.py``).
 
 First, roles that serving stacks place on side streams by hand are looked for by structure
@@ -50,9 +50,9 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.calibration import MachineCosts, machine_costs, measures_costs
-from airstream.effects import effects
-from airstream.nodes import AUTO_STREAMS_KEY
+from airstream.graph.effects import effects
+from airstream.graph.nodes import AUTO_STREAMS_KEY
+from airstream.machine.calibration import MachineCosts, machine_costs, measures_costs
 from airstream.ops.library import is_air_op
 from airstream.passes.auto.candidates import (
     LIST_SCHEDULE,
@@ -177,7 +177,7 @@ def _alternatives(
 
 def _pinned(node: torch.fx.Node) -> bool:
     # getitem runs with its producer; mutations keep their place on main (they end the graph);
-    # an op needing the caller's threads runs on main (airstream.foreign_ops).
+    # an op needing the caller's threads runs on main (airstream.graph.foreign_ops).
     found = effects(node)
     return node.target is operator.getitem or found.mutates or found.caller_threads
 
@@ -200,7 +200,7 @@ def auto_streams(
     branches; ``candidates.py``) to propose beside the one applied, for
     ``stream_config.measure_placement`` to time against it; each costs a compile.
 
-    ``costs``: the machine's figures (``airstream.calibration``): ``"measured"`` (on this
+    ``costs``: the machine's figures (``airstream.machine.calibration``): ``"measured"`` (on this
     machine, cached), ``"nominal"``, a :class:`MachineCosts`, or None for ``$AIRSTREAM_COSTS``
     (default ``"measured"``). They are read when the pass first runs."""
     if cost_model not in ("flops", "profile"):

@@ -14,7 +14,7 @@ the least loaded stream (LPT), which is what ``moe_experts`` does by module name
 An alternative is written into each node's meta (``nodes.CANDIDATES_KEY``: name -> stream label,
 no entry: main), which survives the passes after it as every key does (a node a pass makes in
 place of another copies its meta), and the names into the graph's meta (``nodes.NAMES_KEY``), in
-predicted order. :func:`airstream.placements.on_streams` builds each as a graph of its own.
+predicted order. :func:`airstream.graph.placements.on_streams` builds each as a graph of its own.
 
 The list schedule reorders the graph by predicted start. The other placements were made for
 the graph's own order: interleaved by the list schedule, a stream reaches the sum of two
@@ -31,10 +31,10 @@ from typing import Any
 
 import torch.fx
 
-from airstream.calibration import MachineCosts
-from airstream.devices import graph_device
-from airstream.effects import effects
-from airstream.nodes import CANDIDATES_KEY, NAMES_KEY
+from airstream.graph.devices import graph_device
+from airstream.graph.effects import effects
+from airstream.graph.nodes import CANDIDATES_KEY, NAMES_KEY
+from airstream.machine.calibration import MachineCosts
 from airstream.passes.auto.pricing import Pricer
 from airstream.passes.auto.roles import Role
 from airstream.passes.auto.simulate import makespan, ordered_by

@@ -2,10 +2,10 @@
 
 ``flops``: torch's flop counter formulas (``torch.utils.flop_counter``) on the node's metadata,
 plus a bytes term for memory traffic and a fixed dispatch cost, at one machine's rates
-(``airstream.calibration``: measured on this machine, or nominal). ``profile``:
+(``airstream.machine.calibration``: measured on this machine, or nominal). ``profile``:
 each node run a few times on random inputs of its example shapes at compile time (fastest run,
 at the process's intra-op threads: the cost on one stream). Only pure nodes are run
-(``airstream.effects``): a random op, a write, a collective or an air op gets its ``flops``
+(``airstream.graph.effects``): a random op, a write, a collective or an air op gets its ``flops``
 estimate instead, and the inputs are drawn from a
 private generator, so profiling leaves every random generator as it found it and issues no
 communication.
@@ -24,10 +24,10 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.calibration import NOMINAL, MachineCosts
-from airstream.effects import effects
-from airstream.foreign_ops import foreign_flops
-from airstream.fusion import called_op
+from airstream.graph.effects import effects
+from airstream.graph.foreign_ops import foreign_flops
+from airstream.graph.fusion import called_op
+from airstream.machine.calibration import NOMINAL, MachineCosts
 from airstream.torch_internals import flop_formula, op_name, size_hint
 
 __all__ = ["CostModel", "flops_cost", "hinted", "profile_cost"]

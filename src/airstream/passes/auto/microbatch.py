@@ -42,12 +42,13 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.config import CompilerConfig
-from airstream.devices import graph_device
-from airstream.effects import effects
-from airstream.mode import resolve_mode
-from airstream.nodes import describe
+from airstream.graph.devices import graph_device
+from airstream.graph.effects import effects
+from airstream.graph.mode import resolve_mode
+from airstream.graph.nodes import describe
+from airstream.graph.placements import as_placed
 from airstream.ops.library import is_air_op
+from airstream.options.config import CompilerConfig
 from airstream.passes.auto.microbatch_check import check_split
 from airstream.passes.auto.microbatch_rebuild import Rebuilt, rebuild
 from airstream.passes.auto.microbatch_region import (
@@ -61,7 +62,6 @@ from airstream.passes.auto.rank_agreement import collective_groups, digest, same
 from airstream.passes.auto.token_labels import Mixed, Positions, Rows, Stop
 from airstream.passes.meta import fake_mode_of, fill_meta
 from airstream.passes.toolkit import place_on_stream
-from airstream.placements import as_placed
 from airstream.torch_internals import (
     collective_op_name,
     guards_suppressed,

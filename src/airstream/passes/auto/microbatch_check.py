@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.nodes import describe
+from airstream.graph.nodes import describe
 from airstream.passes.auto.microbatch_rebuild import Rebuilt
 from airstream.passes.auto.microbatch_region import Refused, Region, Tokens
 from airstream.passes.auto.token_labels import Positions, Rows

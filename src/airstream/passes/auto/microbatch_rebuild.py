@@ -15,9 +15,9 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.effects import effects
-from airstream.layouts import dense_order
-from airstream.nodes import describe
+from airstream.graph.effects import effects
+from airstream.graph.layouts import dense_order
+from airstream.graph.nodes import describe
 from airstream.passes.auto.microbatch_region import (
     Refused,
     Region,

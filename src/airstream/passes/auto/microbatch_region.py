@@ -14,8 +14,8 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.effects import effects
-from airstream.nodes import describe, graph_kind
+from airstream.graph.effects import effects
+from airstream.graph.nodes import describe, graph_kind
 from airstream.passes.auto.token_dims import SCALAR, Label, Mixed, Rows, Stop, label_nodes
 from airstream.passes.auto.token_rules import rows_of_size
 from airstream.torch_internals import static_input_indices

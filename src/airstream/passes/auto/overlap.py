@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.effects import effects
+from airstream.graph.effects import effects
 from airstream.ops.library import STREAM_LABEL_KEY, is_air_op, scope_enter, scope_exit
 from airstream.ops.stream import STREAM_ANNOTATION
 from airstream.passes.toolkit import place_on_stream

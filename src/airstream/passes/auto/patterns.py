@@ -26,8 +26,8 @@ from collections.abc import Iterable
 import torch
 import torch.fx
 
-from airstream.effects import effects
-from airstream.fusion import matmul_rows, multiplies_matrices
+from airstream.graph.effects import effects
+from airstream.graph.fusion import matmul_rows, multiplies_matrices
 from airstream.passes.auto.cost import hinted
 
 __all__ = ["Projections", "SharedExpert", "parallel_projections", "shared_experts"]

@@ -16,9 +16,9 @@ from types import MappingProxyType
 
 import torch.fx
 
+from airstream.graph.streams import StreamAssignment, assign_streams
 from airstream.schedule.deps import Requirement, requirements
 from airstream.schedule.plan import planned_syncs
-from airstream.streams import StreamAssignment, assign_streams
 
 __all__ = ["Pricer"]
 

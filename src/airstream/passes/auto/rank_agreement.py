@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 import torch.fx
 
-from airstream.effects import effects
-from airstream.nodes import bound_arguments
+from airstream.graph.effects import effects
+from airstream.graph.nodes import bound_arguments
 from airstream.torch_internals import process_group, real_tensors
 
 __all__ = ["collective_groups", "digest", "max_over_ranks", "same_on_every_rank"]

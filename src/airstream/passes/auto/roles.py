@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch.fx
 
-from airstream.calibration import MachineCosts
+from airstream.machine.calibration import MachineCosts
 from airstream.passes.auto.patterns import parallel_projections, shared_experts
 from airstream.passes.auto.pricing import Pricer
 from airstream.passes.auto.simulate import makespan

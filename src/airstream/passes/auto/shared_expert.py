@@ -20,7 +20,7 @@ After::
 
 The shared expert only needs the block's input, so its stream starts at once and overlaps the
 router and the routed experts. Its ops that must run with the caller's threads
-(:mod:`airstream.foreign_ops`: vLLM's linears) stay on the main stream, with a warning; where
+(:mod:`airstream.graph.foreign_ops`: vLLM's linears) stay on the main stream, with a warning; where
 they are most of its work (by :func:`~airstream.passes.auto.cost.flops_cost`), what is left
 would pay a side stream's handoffs to overlap next to nothing (vLLM's CPU build: 0.40-0.76x),
 so the whole shared expert stays on the main stream, and the warning says so.
@@ -35,8 +35,8 @@ from typing import Any
 
 import torch.fx
 
-from airstream.effects import effects
-from airstream.foreign_ops import caller_threads_why
+from airstream.graph.effects import effects
+from airstream.graph.foreign_ops import caller_threads_why
 from airstream.passes.auto.cost import flops_cost
 from airstream.passes.toolkit import place_on_stream, select_nodes
 
@@ -74,7 +74,8 @@ def shared_expert_overlap(shared: str = r"shared_expert", label: str = "shared_e
                 outcome = ""
             log.warning(
                 "shared_expert_overlap: %d of the %d node(s) under %r stay on the main stream, "
-                "where they run alone with the caller's threads (%s; airstream.foreign_ops)%s",
+                "where they run alone with the caller's threads "
+                "(%s; airstream.graph.foreign_ops)%s",
                 len(nodes) - len(kept),
                 len(nodes),
                 shared,

@@ -1,6 +1,6 @@
 """Predicted time of a graph on streams: list scheduling and the simulation of a fixed plan.
 
-Both use one machine's figures (:class:`airstream.calibration.MachineCosts`): a sync costs
+Both use one machine's figures (:class:`airstream.machine.calibration.MachineCosts`): a sync costs
 ``sync_seconds``. An op's time is its work (its cost beyond dispatch: a matrix multiply's, a
 custom op's, any kernel's) and its host part (dispatch). Work on a side stream, or on the main
 stream while another stream works beside it, takes ``thread_slowdown`` times its one-stream time
@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 import torch.fx
 
-from airstream.calibration import MachineCosts
+from airstream.machine.calibration import MachineCosts
 
 __all__ = ["makespan", "schedule"]
 

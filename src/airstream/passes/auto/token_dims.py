@@ -20,8 +20,8 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.effects import Effects, effects
-from airstream.nodes import bound_arguments, describe
+from airstream.graph.effects import Effects, effects
+from airstream.graph.nodes import bound_arguments, describe
 from airstream.passes.auto.token_gathers import COLLECTIVE_RULES, GATHER_RULES
 from airstream.passes.auto.token_labels import (
     SCALAR,

@@ -1,6 +1,6 @@
 """The rule table of :mod:`airstream.passes.auto.token_dims`: for each aten op, its output's label
 (:mod:`airstream.passes.auto.token_labels`) from its inputs'. Every rule reads its op's arguments
-by their schema's names (:func:`airstream.nodes.bound_arguments`), and claims rows only where
+by their schema's names (:func:`airstream.graph.nodes.bound_arguments`), and claims rows only where
 each output row is a function of its own token's rows; anything else is mixed. Views, permutes
 and the ops over one dimension are here; slices, splits and joins are in
 :mod:`airstream.passes.auto.token_slices`; gathers, scatters, matrix multiplies and collectives

@@ -19,10 +19,10 @@ After::
 
 A node is merged into an earlier identical one (same target, same arguments after merging) only
 when no air op lies between them: merging across a marker would move work to another stream or
-across an event. Only what :func:`airstream.effects.mergeable` allows is merged: no air op, no
-op with an effect (mutation, RNG, torch's side-effectful ops), no fresh uninitialized allocation
-(``empty``, ``empty_like``, ...: two buffers a custom op writes, which merged would be one); nor a
-node with unhashable arguments.
+across an event. Only what :func:`airstream.graph.effect_queries.mergeable` allows is merged: no air
+op, no op with an effect (mutation, RNG, torch's side-effectful ops), no fresh uninitialized
+allocation (``empty``, ``empty_like``, ...: two buffers a custom op writes, which merged would be
+one); nor a node with unhashable arguments.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from airstream.effects import mergeable
+from airstream.graph.effect_queries import mergeable
 from airstream.passes.regions import region_index
 
 __all__ = ["cse"]

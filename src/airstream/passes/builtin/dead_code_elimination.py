@@ -18,9 +18,9 @@ After::
     return (add,)
 
 Uses FX's own ``eliminate_dead_code``: nodes are only erased, never moved. What may go is
-:func:`airstream.effects.droppable`'s answer: never an air op, a write, a collective or an RNG op
-(removing an unused ``rand`` would shift the random stream of every later op; FX's default under
-a tracing context follows Inductor's ``fallback_random`` and would drop it).
+:func:`airstream.graph.effect_queries.droppable`'s answer: never an air op, a write, a collective or
+an RNG op (removing an unused ``rand`` would shift the random stream of every later op; FX's default
+under a tracing context follows Inductor's ``fallback_random`` and would drop it).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch.fx
 
-from airstream.effects import droppable
+from airstream.graph.effect_queries import droppable
 
 __all__ = ["dead_code_elimination"]
 

@@ -9,9 +9,9 @@ They run last, after the custom post pass, on the graph with its final streams (
     clone = aten.clone.default(x)              clone = aten.clone.default(x)
     add = aten.add.Tensor(clone, 1)    ->      add_ = aten.add_.Tensor(clone, 1)
 
-An op with an in-place form (:func:`airstream.effects.inplace_variant`) writes its first argument
-when that argument is a temporary: no graph input or parameter shares its memory, nothing reads
-it (or a view of it) afterwards, it is not an output, and its layout is the result's.
+An op with an in-place form (:func:`airstream.graph.effects.inplace_variant`) writes its first
+argument when that argument is a temporary: no graph input or parameter shares its memory, nothing
+reads it (or a view of it) afterwards, it is not an output, and its layout is the result's.
 
 ``reinplace_input_mutations`` (``experimental_config.reinplace_input_mutations``)::
 
@@ -47,12 +47,13 @@ import torch.fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from airstream import torch_internals
-from airstream.config import CompilerConfig
-from airstream.devices import graph_device
-from airstream.effects import alias_classes, effects, inplace_variant
 from airstream.errors import StreamError
-from airstream.mode import resolve_mode
-from airstream.streams import assign_streams
+from airstream.graph.devices import graph_device
+from airstream.graph.effect_queries import alias_classes
+from airstream.graph.effects import effects, inplace_variant
+from airstream.graph.mode import resolve_mode
+from airstream.graph.streams import assign_streams
+from airstream.options.config import CompilerConfig
 from airstream.torch_internals import outputs_rebuilt_from_inputs
 
 __all__ = ["reinplace_inplaceable_ops", "reinplace_input_mutations"]

@@ -39,7 +39,7 @@ import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from airstream.effects import effects
+from airstream.graph.effects import effects
 
 __all__ = ["remove_noop_ops"]
 
