@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import torch
 
-from airstream.openmp import set_intra_op_threads
+from airstream.machine.openmp import set_intra_op_threads
 
 Matmul = Callable[[torch.Tensor], torch.Tensor]
 
