@@ -48,14 +48,14 @@ def test_missing_pytest_fails_the_dry_run_and_names_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     check = _gpu_check()
-    monkeypatch.setattr(check, "importable", lambda name: name != "pytest")
+    monkeypatch.setattr(check.environment, "importable", lambda name: name != "pytest")
     steps = [
         PREFLIGHT_OK,
         ("test-tools", [], 10),
         ("cuda-tests", [PY, "-c", "raise SystemExit('must not run')"], 30),
         ("environment", _say({"ran": True}), 30),
     ]
-    monkeypatch.setattr(check, "_steps", lambda dry, out: steps)
+    monkeypatch.setattr(check.steps, "planned", lambda dry, out: steps)
     assert check.main(["--dry-run", str(tmp_path)]) == 3
     report = _report(tmp_path)
     assert report["verdict"] == "FAILED-ENVIRONMENT"
@@ -89,22 +89,22 @@ def test_the_missing_test_tools_install_from_wheels_offline(
     with zipfile.ZipFile(wheels / f"{name}-1.0-py3-none-any.whl", "w") as wheel:
         for path, text in files.items():
             wheel.writestr(path, text)
-    monkeypatch.setattr(check, "TEST_TOOLS", (name,))
+    monkeypatch.setattr(check.steps, "TEST_TOOLS", (name,))
     monkeypatch.setattr(sys, "path", list(sys.path))
-    step = check._test_tools(str(wheels), tmp_path, 60)
+    step = check.environment.test_tools(str(wheels), tmp_path, 60)
     assert step["status"] == "passed", step
     assert step["versions"] == {name: "1.0"}
     assert (tmp_path / "site" / name / "__init__.py").is_file()
-    assert str(tmp_path / "site") in check._env(tmp_path)["PYTHONPATH"].split(":")
+    assert str(tmp_path / "site") in check.processes.env(tmp_path)["PYTHONPATH"].split(":")
 
 
 def test_a_step_needing_a_missing_optional_package_is_skipped_and_excused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     check = _gpu_check()
-    monkeypatch.setattr(check, "REQUIRES", {"bench-decode": ("no_such_package_here",)})
+    monkeypatch.setattr(check.steps, "REQUIRES", {"bench-decode": ("no_such_package_here",)})
     steps = [PREFLIGHT_OK, ("bench-decode", _say({}), 30), ("environment", _say({"ran": 1}), 30)]
-    monkeypatch.setattr(check, "_steps", lambda dry, out: steps)
+    monkeypatch.setattr(check.steps, "planned", lambda dry, out: steps)
     assert check.main(["--dry-run", str(tmp_path)]) == 0
     report = _report(tmp_path)
     assert report["machine"]["missing"] == {"bench-decode": ["no_such_package_here"]}
@@ -121,11 +121,11 @@ def test_an_environment_problem_skips_what_needs_it_and_is_never_all_passed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     check = _gpu_check()
-    monkeypatch.setattr(check, "REQUIRES", {})
+    monkeypatch.setattr(check.steps, "REQUIRES", {})
     preflight = _say({"problems": {"Triton": "import triton failed"}, "gpus": ["H100"]})
     steps = [("preflight", preflight, 30), ("install", _say({}), 30), ("trace", _say({}), 30)]
-    monkeypatch.setattr(check, "_steps", lambda dry, out: steps)
-    monkeypatch.setattr(check, "externally_managed", lambda: None)
+    monkeypatch.setattr(check.steps, "planned", lambda dry, out: steps)
+    monkeypatch.setattr(check.environment, "externally_managed", lambda: None)
     assert check.main([str(tmp_path)]) == 3  # not a dry run: the problem is fatal
     report = _report(tmp_path)
     assert report["verdict"] == "FAILED-ENVIRONMENT" and report["failures"] == []
@@ -142,46 +142,46 @@ def test_an_externally_managed_python_skips_the_install(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     check = _gpu_check()
-    monkeypatch.setattr(check, "REQUIRES", {})
-    monkeypatch.setattr(check, "build_problem", lambda: None)
+    monkeypatch.setattr(check.steps, "REQUIRES", {})
+    monkeypatch.setattr(check.environment, "build_problem", lambda: None)
     refuse = "import sys; sys.stderr.write('error: externally-managed-environment\\n'); exit(1)"
     steps = [PREFLIGHT_OK, ("install", [PY, "-c", refuse], 30)]
-    monkeypatch.setattr(check, "_steps", lambda dry, out: steps)
+    monkeypatch.setattr(check.steps, "planned", lambda dry, out: steps)
     # found beforehand: the marker file outside a venv
     marker = tmp_path / "EXTERNALLY-MANAGED"
-    monkeypatch.setattr(check, "externally_managed", lambda: marker)
+    monkeypatch.setattr(check.environment, "externally_managed", lambda: marker)
     assert check.main(["--dry-run", str(tmp_path / "a")]) == 0
     install = _report(tmp_path / "a")["steps"][1]
     assert install["status"] == "skipped" and "PEP 668" in install["reason"]
     assert str(marker) in install["reason"] and "log" not in install  # pip did not run
     # or from pip's refusal
-    monkeypatch.setattr(check, "externally_managed", lambda: None)
+    monkeypatch.setattr(check.environment, "externally_managed", lambda: None)
     assert check.main(["--dry-run", str(tmp_path / "b")]) == 0
     report = _report(tmp_path / "b")
     install = report["steps"][1]
     assert install["status"] == "skipped" and "PEP 668" in install["reason"]
     assert "pip refused" in install["reason"] and report["verdict"] == "all passed"
     # a venv is never externally managed
-    assert sys.prefix == sys.base_prefix or check.externally_managed() is None
+    assert sys.prefix == sys.base_prefix or check.environment.externally_managed() is None
 
 
 def test_the_limits_fit_the_budget_and_the_help_lists_them(tmp_path: Path) -> None:
     check = _gpu_check()
-    steps = check._steps(False, tmp_path)
+    steps = check.steps.planned(False, tmp_path)
     limits = {name: limit for name, _, limit in steps}
-    assert limits == check.LIMITS
-    assert sum(limits.values()) <= check.BUDGET_S <= 400
-    dry = {name: limit for name, _, limit in check._steps(True, tmp_path)}
-    assert dry == {name: limit * check.DRY_SCALE for name, limit in limits.items()}
+    assert limits == check.steps.LIMITS
+    assert sum(limits.values()) <= check.steps.BUDGET_S <= 400
+    dry = {name: limit for name, _, limit in check.steps.planned(True, tmp_path)}
+    assert dry == {name: limit * check.steps.DRY_SCALE for name, limit in limits.items()}
     for name, limit in limits.items():
         assert f"``{name}`` ({limit} s)" in check.__doc__, name
     assert f"add up to {sum(limits.values())} s" in " ".join(check.__doc__.split())
-    assert f"budget of {check.BUDGET_S} s" in " ".join(check.__doc__.split())
+    assert f"budget of {check.steps.BUDGET_S} s" in " ".join(check.__doc__.split())
 
 
 def test_the_main_evidence_runs_first_and_the_benchmarks_last(tmp_path: Path) -> None:
     check = _gpu_check()
-    names = [name for name, _, _ in check._steps(False, tmp_path)]
+    names = [name for name, _, _ in check.steps.planned(False, tmp_path)]
     assert names[:4] == ["preflight", "install", "test-tools", "environment"]
     assert names[4:7] == ["trace", "cuda-tests", "cuda-sanitizer"]
     benches = [i for i, name in enumerate(names) if name.startswith("bench-")]
@@ -214,7 +214,7 @@ aten::add</system-err>
 def test_the_junit_report_gives_each_tests_outcome_and_message(tmp_path: Path) -> None:
     check = _gpu_check()
     (tmp_path / "x.xml").write_text(SAMPLE_JUNIT)
-    tests = check.parse_junit(tmp_path / "x.xml", "tests/test_x.py")
+    tests = check.processes.parse_junit(tmp_path / "x.xml", "tests/test_x.py")
     assert [(t["test"], t["outcome"]) for t in tests] == [
         ("tests/test_x.py::test_ok", "passed"),
         ("tests/test_x.py::test_bad[a]", "failed"),
@@ -249,7 +249,9 @@ def _fake_pytest(junit: str, rc: int) -> list[str]:
 def test_each_cuda_test_file_runs_alone_and_its_tests_are_reported(tmp_path: Path) -> None:
     check = _gpu_check()
     files = ["tests/test_a.py", "tests/test_b.py"]
-    step = check._run_tests("cuda-tests", _fake_pytest(SAMPLE_JUNIT, 1), files, 60, tmp_path, False)
+    step = check.processes.run_tests(
+        "cuda-tests", _fake_pytest(SAMPLE_JUNIT, 1), files, 60, tmp_path, False
+    )
     assert step["status"] == "failed"
     assert [f["status"] for f in step["files"]] == ["failed", "failed"]
     assert step["counts"] == {"passed": 2, "failed": 4, "skipped": 2, "error": 2}
@@ -259,19 +261,25 @@ def test_each_cuda_test_file_runs_alone_and_its_tests_are_reported(tmp_path: Pat
     only_skip = SAMPLE_JUNIT.split('<testcase classname="tests.test_x" name="test_ok"')[0]
     only_skip += '<testcase classname="t" name="t"><skipped message="needs a CUDA GPU"/>'
     only_skip += "</testcase></testsuite></testsuites>"
-    step = check._run_tests(
+    step = check.processes.run_tests(
         "cuda-tests", _fake_pytest(only_skip, 0), files[:1], 60, tmp_path, False
     )
     assert step["status"] == "failed" and "for want of a GPU" in step["reason"]
-    step = check._run_tests("cuda-tests", _fake_pytest(only_skip, 0), files[:1], 60, tmp_path, True)
+    step = check.processes.run_tests(
+        "cuda-tests", _fake_pytest(only_skip, 0), files[:1], 60, tmp_path, True
+    )
     assert step["status"] == "passed"  # a dry run: the tests skip, as they should
     empty = "<testsuites><testsuite/></testsuites>"
-    step = check._run_tests("cuda-tests", _fake_pytest(empty, 5), files[:1], 60, tmp_path, False)
+    step = check.processes.run_tests(
+        "cuda-tests", _fake_pytest(empty, 5), files[:1], 60, tmp_path, False
+    )
     assert step["status"] == "failed" and "collected no cuda test" in step["reason"]
     # the sanitizer's limit spent before the stream files: a failure; after them: listed
-    step = check._run_tests("cuda-sanitizer", _say({}), check.STREAM_TEST_FILES, 3, tmp_path, False)
+    step = check.processes.run_tests(
+        "cuda-sanitizer", _say({}), check.steps.STREAM_TEST_FILES, 3, tmp_path, False
+    )
     assert step["status"] == "failed" and "not reached" in step["reason"]
-    assert step["files_not_run"] == list(check.STREAM_TEST_FILES)
+    assert step["files_not_run"] == list(check.steps.STREAM_TEST_FILES)
 
 
 @pytest.mark.usefixtures("sigint_raises")  # what the steps' processes get
@@ -279,8 +287,8 @@ def test_a_test_file_at_its_limit_is_interrupted_and_its_finished_tests_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     check = _gpu_check()
-    monkeypatch.setattr(check, "GRACE_S", 1)
-    monkeypatch.setattr(check, "MIN_FILE_S", 1)
+    monkeypatch.setattr(check.steps, "GRACE_S", 1)
+    monkeypatch.setattr(check.steps, "MIN_FILE_S", 1)
     one = '<testsuites><testsuite><testcase classname="tests.test_a" name="test_done"/>'
     one += "<testcase/></testsuite></testsuites>"  # pytest's entry for the interrupted test
     script = f"""
@@ -293,7 +301,9 @@ def test_a_test_file_at_its_limit_is_interrupted_and_its_finished_tests_kept(
     """
     command = [PY, "-c", textwrap.dedent(script)]
     limit = 2.5  # SIGINT after 1.5 s, killed 1 s later
-    step = check._run_tests("cuda-tests", command, ["tests/test_a.py"], limit, tmp_path, False)
+    step = check.processes.run_tests(
+        "cuda-tests", command, ["tests/test_a.py"], limit, tmp_path, False
+    )
     (record,) = step["files"]
     assert record["status"] == "timed out" and record["seconds"] < limit
     assert "1 test(s) reported before" in record["reason"]
@@ -310,13 +320,13 @@ def test_the_cuda_test_files_put_the_stream_and_nccl_files_first(tmp_path: Path)
         (tmp_path / "tests" / name).write_text(marked)
     commented = "# pytest.mark." + "cuda is not a mark\n"
     (tmp_path / "tests" / "test_plain.py").write_text(commented)
-    assert check.cuda_test_files(tmp_path) == [
+    assert check.steps.cuda_test_files(tmp_path) == [
         "tests/test_cuda_runtime.py",
         "tests/test_cuda_nccl.py",
         "tests/deep/test_z.py",
         "tests/test_a.py",
     ]
-    assert check.cuda_test_files()[:2] == list(check.STREAM_TEST_FILES)
+    assert check.steps.cuda_test_files()[:2] == list(check.steps.STREAM_TEST_FILES)
 
 
 def test_a_dry_run_runs_the_steps_after_the_first_three_side_by_side_in_order(
@@ -326,9 +336,9 @@ def test_a_dry_run_runs_the_steps_after_the_first_three_side_by_side_in_order(
     timed = "import json, time; "
     timed += "s = time.time(); time.sleep(0.5); print(json.dumps({'at': [s, time.time()]}))"
     steps = [(name, [PY, "-c", timed], 30) for name in ("environment", "a", "b")]
-    monkeypatch.setattr(check, "REQUIRES", {})
-    monkeypatch.setattr(check, "_steps", lambda dry, out: [PREFLIGHT_OK, *steps])
-    monkeypatch.setattr(check.os, "cpu_count", lambda: 3)
+    monkeypatch.setattr(check.steps, "REQUIRES", {})
+    monkeypatch.setattr(check.steps, "planned", lambda dry, out: [PREFLIGHT_OK, *steps])
+    monkeypatch.setattr(check.run.os, "cpu_count", lambda: 3)
     assert check.main(["--dry-run", str(tmp_path)]) == 0
     report = _report(tmp_path)["steps"]
     assert [s["step"] for s in report] == ["preflight", "environment", "a", "b"]
@@ -389,10 +399,12 @@ def test_the_sanitizer_plugin_lets_torch_compile_run_compiled_code_under_the_mod
 
 def test_the_install_step_is_offline_and_keeps_what_is_installed() -> None:
     check = _gpu_check()
-    command = next(command for name, command, _ in check._steps(True, ROOT) if name == "install")
+    command = next(
+        command for name, command, _ in check.steps.planned(True, ROOT) if name == "install"
+    )
     for flag in ("--no-deps", "--no-build-isolation", "--no-index"):
         assert flag in command
-    problem = check.build_problem()
+    problem = check.environment.build_problem()
     if problem is not None:  # the step is skipped, saying why (Python's own setuptools 65)
         assert problem.startswith("setuptools ") and "builds an editable install only" in problem
         return
