@@ -259,3 +259,18 @@ def test_the_tp_example_runs_under_torchrun() -> None:
     for rank in range(WORLD):
         assert f"rank {rank}/2: result equals the single-process model: True" in result.stdout
     assert "comm" in result.stdout  # rank 0 printed the plan with the communication stream
+
+
+def test_a_rank_that_dies_without_answering_fails_the_run_at_once() -> None:
+    """A rank that exits before it answers (a crash, an init that failed) fails the run with its
+    exit code, instead of the parent waiting out the timeout for an answer that never comes."""
+    import os
+    import time
+
+    from airstream.bench.ranks import run_in_child
+
+    start = time.monotonic()
+    said = r"dies: ended without an answer \(rank 0: exit code 3\)"
+    with pytest.raises(RuntimeError, match=said):
+        run_in_child(os._exit, 3, timeout_s=600.0, what="dies")
+    assert time.monotonic() - start < 60

@@ -4,14 +4,16 @@
 intra-op thread, runs ``fn(rank, world, *args)`` in each and returns every rank's result.
 :func:`run_in_child` runs ``fn(*args)`` in one spawned process that makes its own group (a
 modelled one). A rank that raises fails the whole run with its error; one that does not answer
-within ``timeout_s`` is killed. ``fn`` must be importable by name (a module's function, or a
-``functools.partial`` of one).
+within ``timeout_s`` is killed, and one that dies without answering fails it at once. ``fn`` must be
+importable by name (a module's function, or a ``functools.partial`` of one).
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import socket
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -42,7 +44,11 @@ def _gloo_rank(
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    except BaseException as exc:  # the port taken meanwhile, say: reported, not a silent death
+        out.put((rank, None, "".join(traceback.format_exception(exc))[-3000:]))
+        return
     try:
         _answer(rank, fn, (rank, world, *args), out)
     finally:
@@ -59,11 +65,22 @@ def _collect(procs: list[Any], out: Any, timeout_s: float, what: str) -> dict[in
         p.start()
     found: dict[int, Any] = {}
     errors: dict[int, str] = {}
+    deadline = time.monotonic() + timeout_s
     try:
-        for _ in procs:
-            rank, got, error = out.get(timeout=timeout_s)
+        while len(found) < len(procs):
+            try:
+                rank, got, error = out.get(timeout=1.0)
+            except queue.Empty:
+                silent = [r for r, p in enumerate(procs) if r not in found and not p.is_alive()]
+                if silent:  # dead without answering (a crash, or a kill): its answer never comes
+                    codes = ", ".join(f"rank {r}: exit code {procs[r].exitcode}" for r in silent)
+                    raise RuntimeError(f"{what}: ended without an answer ({codes})") from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{what}: no answer within {timeout_s:.0f} s") from None
+                continue
             if error is not None:
                 errors[rank] = error
+                break  # the others may wait on it forever: they are stopped below
             found[rank] = got
     finally:
         for p in procs:
