@@ -1,87 +1,93 @@
-"""The argument parsers of the ``airstream`` command: each subcommand, its --help and examples."""
+"""The argument parsers of the ``airstream`` command, declared as one table (:data:`COMMANDS`):
+each subcommand's summary, --help text, examples, arguments and the function it runs."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from airstream.cli import commands
 from airstream.cli.benches import BENCHES, default_help
 from airstream.cli.run import run_script
 from airstream.cli.selftest import run_selftest
 
-__all__ = ["build_parser"]
+__all__ = ["COMMANDS", "Arg", "Command", "build_parser"]
 
 
-def _command(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser],
-    name: str,
-    summary: str,
-    description: str,
-    examples: Sequence[str],
-) -> argparse.ArgumentParser:
-    """Add subcommand ``name``: ``summary`` in the command list; its --help shows
-    ``description`` (kept as written) and then ``examples``, one command a line."""
-    return sub.add_parser(
-        name,
-        help=summary,
-        description=description,
-        epilog="examples:\n" + "\n".join(f"  {line}" for line in examples),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+@dataclass(frozen=True)
+class Arg:
+    """One argument of a subcommand: its names (``"--size"``, or a positional's) and what
+    ``argparse``'s ``add_argument`` takes besides them."""
+
+    names: tuple[str, ...]
+    help: str
+    options: Mapping[str, Any] = field(default_factory=dict)
 
 
-def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The ``demo`` subcommand."""
-    demo = _command(
-        sub,
+def arg(*names: str, help: str, **options: Any) -> Arg:
+    """An :class:`Arg`, written as ``add_argument`` is called."""
+    return Arg(names, help, options)
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: ``summary`` in the command list; its --help shows ``description`` (kept as
+    written) and then ``examples``, one command a line; ``run(args)`` returns the exit status."""
+
+    name: str
+    summary: str
+    description: str
+    examples: tuple[str, ...]
+    run: Callable[[argparse.Namespace], int]
+    args: tuple[Arg, ...]
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command(
         "demo",
         "run the TorchAir guide's multi-stream example and explain it",
         "Compile the TorchAir guide's example (mm and abs on a second stream, sub waiting for\n"
         "them) and print the graph before and after its custom pass, which stream each op ran\n"
         "on, and whether the result equals eager PyTorch. Dumps and a timeline go to --out.",
-        [
+        (
             "airstream demo",
             "airstream demo --size 256 --out ''     # a bigger input, no files written",
-        ],
-    )
-    demo.add_argument("--size", type=int, default=64, help="side of the square input (default 64)")
-    demo.add_argument("--seed", type=int, default=0, help="random seed of the input")
-    demo.add_argument(
-        "--out",
-        default="airstream_demo",
-        help="where to write the dumps and the timeline (default airstream_demo; '' for none)",
-    )
-    demo.set_defaults(func=commands.demo)
-
-
-def _add_explain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The ``explain`` subcommand."""
-    explain = _command(
-        sub,
+        ),
+        commands.demo,
+        (
+            arg("--size", type=int, default=64, help="side of the square input (default 64)"),
+            arg("--seed", type=int, default=0, help="random seed of the input"),
+            arg(
+                "--out",
+                default="airstream_demo",
+                help="where to write the dumps and the timeline (default airstream_demo; '' for "
+                "none)",
+            ),
+        ),
+    ),
+    Command(
         "explain",
         "compile a model without running it and report what airstream decided",
         "Compile a model without running it and print each graph after every pass, the stream\n"
         "each op was put on, and the plan of each stream with its waits and records. TARGET is\n"
         "module:factory, where factory() returns (model, inputs) or (model, inputs, config).",
-        [
+        (
             "airstream explain airstream.examples.guide:explain_target",
             "airstream explain mymodel:build --dump svg    # also draw each graph",
-        ],
-    )
-    explain.add_argument(
-        "target",
-        help="module:factory; factory() returns (model, inputs) or (model, inputs, config)",
-    )
-    explain.add_argument("--dump", choices=["txt", "py", "dot", "svg"], help="also write dumps")
-    explain.add_argument("--dump-path", default="airstream_dump", help="where dumps go")
-    explain.set_defaults(func=commands.explain)
-
-
-def _add_selftest(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The ``selftest`` subcommand."""
-    selftest = _command(
-        sub,
+        ),
+        commands.explain,
+        (
+            arg(
+                "target",
+                help="module:factory; factory() returns (model, inputs) or (model, inputs, config)",
+            ),
+            arg("--dump", choices=["txt", "py", "dot", "svg"], help="also write dumps"),
+            arg("--dump-path", default="airstream_dump", help="where dumps go"),
+        ),
+    ),
+    Command(
         "selftest",
         "run the fuzzers, the OpInfo sweep or the transformers model suite",
         "Check airstream against references and print a report. SUITE is one of:\n"
@@ -99,7 +105,7 @@ def _add_selftest(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "          generate) with a placement (none, auto_streams, auto_forced: streams forced,\n"
         "          forced, shared_expert, moe_experts), named training/auto_forced; every case\n"
         "          compiles in --mode (default: mode='default', what users get)",
-        [
+        (
             "airstream selftest fuzz --cases 10000 --seed 2026",
             "airstream selftest fuzz --mode max-autotune --cases 100",
             "airstream selftest microbatch --graphs 10000 --seed 0",
@@ -107,75 +113,74 @@ def _add_selftest(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             "airstream selftest opinfo --ops add,mm --no-inductor",
             "airstream selftest models --archs llama --json",
             "airstream selftest models --configs auto_forced,training/auto_forced",
-        ],
-    )
-    selftest.add_argument(
-        "suite",
-        metavar="SUITE",
-        choices=["fuzz", "microbatch", "opinfo", "models"],
-        help="fuzz, microbatch, opinfo or models",
-    )
-    selftest.add_argument("--cases", type=int, default=1000, help="fuzz: programs (default 1000)")
-    selftest.add_argument(
-        "--graphs", type=int, default=1000, help="microbatch: graphs (default 1000)"
-    )
-    selftest.add_argument(
-        "--ranks",
-        type=int,
-        choices=[1, 2],
-        default=1,
-        help="microbatch: gloo ranks (1: in this process; 2: spawned on localhost)",
-    )
-    selftest.add_argument("--seed", type=int, default=0, help="fuzz, microbatch: seed (default 0)")
-    selftest.add_argument("--runs", type=int, default=2, help="fuzz: runs per program")
-    selftest.add_argument(
-        "--mode",
-        choices=["default", "reduce-overhead", "max-autotune"],
-        default=None,
-        help="fuzz: max-autotune compiles each program's segments with Inductor and compares "
-        "with the aten path (default reduce-overhead); microbatch: the mode every graph "
-        "compiles in (default reduce-overhead; default: Inductor segments on CPU); models: the "
-        "mode every case compiles in (default: default, what torch.compile users get)",
-    )
-    selftest.add_argument("--ops", default="", help="opinfo: comma-separated op names (all)")
-    selftest.add_argument(
-        "--max-samples", type=int, default=None, help="opinfo: samples per op (all)"
-    )
-    selftest.add_argument(
-        "--no-inductor",
-        action="store_true",
-        help="opinfo: skip the Inductor-based configurations (max-autotune and the Inductor "
-        "anchor compile C++ per sample: hours for all ops)",
-    )
-    selftest.add_argument(
-        "--configs",
-        default="",
-        help="opinfo, models: comma-separated configurations (default: all; opinfo always adds "
-        "aot_eager)",
-    )
-    selftest.add_argument(
-        "--archs", default="", help="models: comma-separated architectures (default: all)"
-    )
-    selftest.add_argument(
-        "--shard", default="0/1", help="opinfo: k/n sweeps every n-th op from the k-th (0/1)"
-    )
-    selftest.add_argument(
-        "--results", default=None, help="opinfo: append each op's results to this JSON-lines file"
-    )
-    selftest.add_argument(
-        "--load",
-        default="",
-        help="opinfo: comma-separated --results files to report on (e.g. one per shard); "
-        "sweeps nothing",
-    )
-    selftest.add_argument("--json", action="store_true", help="print the report as JSON")
-    selftest.set_defaults(func=run_selftest)
-
-
-def _add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The ``doctor`` subcommand."""
-    doctor = _command(
-        sub,
+        ),
+        run_selftest,
+        (
+            arg(
+                "suite",
+                metavar="SUITE",
+                choices=["fuzz", "microbatch", "opinfo", "models"],
+                help="fuzz, microbatch, opinfo or models",
+            ),
+            arg("--cases", type=int, default=1000, help="fuzz: programs (default 1000)"),
+            arg("--graphs", type=int, default=1000, help="microbatch: graphs (default 1000)"),
+            arg(
+                "--ranks",
+                type=int,
+                choices=[1, 2],
+                default=1,
+                help="microbatch: gloo ranks (1: in this process; 2: spawned on localhost)",
+            ),
+            arg("--seed", type=int, default=0, help="fuzz, microbatch: seed (default 0)"),
+            arg("--runs", type=int, default=2, help="fuzz: runs per program"),
+            arg(
+                "--mode",
+                choices=["default", "reduce-overhead", "max-autotune"],
+                default=None,
+                help="fuzz: max-autotune compiles each program's segments with Inductor and "
+                "compares "
+                "with the aten path (default reduce-overhead); microbatch: the mode every graph "
+                "compiles in (default reduce-overhead; default: Inductor segments on CPU); "
+                "models: the "
+                "mode every case compiles in (default: default, what torch.compile users get)",
+            ),
+            arg("--ops", default="", help="opinfo: comma-separated op names (all)"),
+            arg("--max-samples", type=int, default=None, help="opinfo: samples per op (all)"),
+            arg(
+                "--no-inductor",
+                action="store_true",
+                help="opinfo: skip the Inductor-based configurations (max-autotune and the "
+                "Inductor "
+                "anchor compile C++ per sample: hours for all ops)",
+            ),
+            arg(
+                "--configs",
+                default="",
+                help="opinfo, models: comma-separated configurations (default: all; opinfo always "
+                "adds "
+                "aot_eager)",
+            ),
+            arg("--archs", default="", help="models: comma-separated architectures (default: all)"),
+            arg(
+                "--shard",
+                default="0/1",
+                help="opinfo: k/n sweeps every n-th op from the k-th (0/1)",
+            ),
+            arg(
+                "--results",
+                default=None,
+                help="opinfo: append each op's results to this JSON-lines file",
+            ),
+            arg(
+                "--load",
+                default="",
+                help="opinfo: comma-separated --results files to report on (e.g. one per shard); "
+                "sweeps nothing",
+            ),
+            arg("--json", action="store_true", help="print the report as JSON"),
+        ),
+    ),
+    Command(
         "doctor",
         "versions, torch support, CPU threads, OpenMP, CUDA, Graphviz, C++ compiler: what a "
         "bug report needs and what each optional part requires",
@@ -185,25 +190,23 @@ def _add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "optional part (CUDA, Triton, a C++ compiler for max-autotune, Graphviz,\n"
         "torch.distributed, the test tools) with what stops working without it and how to\n"
         "install it. Exit status 1 when airstream's core cannot work on this torch.",
-        [
+        (
             "airstream doctor",
             "airstream doctor --json > doctor.json",
             "airstream doctor --recalibrate     # measure the stream costs again",
-        ],
-    )
-    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
-    doctor.add_argument(
-        "--recalibrate",
-        action="store_true",
-        help="measure the stream costs auto_streams decides with again (5-10 s) and cache them",
-    )
-    doctor.set_defaults(func=commands.doctor)
-
-
-def _add_cache(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The ``cache`` subcommand."""
-    cache = _command(
-        sub,
+        ),
+        commands.doctor,
+        (
+            arg("--json", action="store_true", help="print the report as JSON"),
+            arg(
+                "--recalibrate",
+                action="store_true",
+                help="measure the stream costs auto_streams decides with again (5-10 s) and cache "
+                "them",
+            ),
+        ),
+    ),
+    Command(
         "cache",
         "list or clear the compile cache and the measured stream decisions kept on disk",
         "List the entries of the on-disk compile cache: each compiled function, its file, its\n"
@@ -214,21 +217,18 @@ def _add_cache(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "per size range, the candidate kept and its measured times. --clear deletes both (the\n"
         "next call compiles and measures again). Inductor keeps its own cache\n"
         "($TORCHINDUCTOR_CACHE_DIR), which this command leaves alone.",
-        [
+        (
             "airstream cache",
             "airstream cache --clear",
             "airstream cache --dir .torchair_cache",
-        ],
-    )
-    cache.add_argument("--dir", help="the cache directory to read (default: airstream's)")
-    cache.add_argument("--clear", action="store_true", help="delete every entry")
-    cache.set_defaults(func=commands.cache)
-
-
-def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The ``run`` subcommand."""
-    run = _command(
-        sub,
+        ),
+        commands.cache,
+        (
+            arg("--dir", help="the cache directory to read (default: airstream's)"),
+            arg("--clear", action="store_true", help="delete every entry"),
+        ),
+    ),
+    Command(
         "run",
         "run a script; --torchair: an unmodified TorchAir script",
         "Run an unmodified TorchAir script with airstream (--torchair; no other kind yet):\n"
@@ -238,127 +238,133 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "GOMP_SPINCOUNT=10000 (idle OpenMP threads spin briefly, so multi-stream calls keep\n"
         "their cores after the script's own torch work); set GOMP_SPINCOUNT or\n"
         "OMP_WAIT_POLICY yourself to choose.",
-        [
+        (
             "airstream run --torchair examples/torchair_guide.py",
             "airstream run --torchair infer.py --batch 8    # the script's own arguments follow",
-        ],
-    )
-    run.add_argument("--torchair", action="store_true", help="resolve torchair/torch_npu here")
-    run.add_argument("script", help="the script to run")
-    run.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
-    run.set_defaults(func=run_script)
-
-
-def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The ``bench`` subcommand."""
-    bench = _command(
-        sub,
+        ),
+        run_script,
+        (
+            arg("--torchair", action="store_true", help="resolve torchair/torch_npu here"),
+            arg("script", help="the script to run"),
+            arg("args", nargs=argparse.REMAINDER, help="the script's own arguments"),
+        ),
+    ),
+    Command(
         "bench",
         "run a benchmark and print its figures",
         "Run one benchmark on this machine and print its figures (--json: as JSON).\n"
         "NAME is one of:\n" + "\n".join(f"  {n:<19}{b.summary}" for n, b in BENCHES.items()),
-        [
+        (
             "airstream bench overhead",
             "airstream bench moe --mode both --rounds 5",
             "airstream bench decode --models llama --device cuda",
-        ],
-    )
-    bench.add_argument("name", metavar="NAME", choices=list(BENCHES), help="a name listed above")
-    bench.add_argument(
-        "--rounds",
-        type=int,
-        default=None,
-        help="interleaved rounds (compile: fresh compiles each; restart: cold/warm process "
-        f"pairs per case) ({default_help('rounds')})",
-    )
-    bench.add_argument(
-        "--calls",
-        type=int,
-        default=None,
-        help=f"calls per round (memory: training steps) ({default_help('calls')})",
-    )
-    bench.add_argument("--ops", type=int, default=200, help="overhead: ops in the chain")
-    bench.add_argument("--experts", type=int, default=8, help="moe, threads: experts E (default 8)")
-    bench.add_argument(
-        "--tokens", type=int, default=None, help=f"tokens B ({default_help('tokens')})"
-    )
-    bench.add_argument(
-        "--hidden", type=int, default=None, help=f"hidden size H ({default_help('hidden')})"
-    )
-    bench.add_argument("--no-inductor", action="store_true", help="skip the Inductor runner")
-    bench.add_argument(
-        "--passes", action="store_true", help="moe: time the stream passes (moe_experts, ...)"
-    )
-    bench.add_argument(
-        "--mode",
-        choices=["reduce-overhead", "max-autotune", "both"],
-        default=None,
-        help="branches-pointwise, moe, decode --alone: the airstream modes to time (default both)",
-    )
-    bench.add_argument(
-        "--alone",
-        action="store_true",
-        help="decode: each runner in a fresh process per round (one stream and auto_streams "
-        "per --mode, and Inductor), as a serving process runs one configuration",
-    )
-    bench.add_argument(
-        "--no-compile-time",
-        action="store_true",
-        help="--mode: skip the compile-time measurements (fresh processes, cold/warm cache)",
-    )
-    bench.add_argument(
-        "--nproc", type=int, default=2, help="tp, microbatch: ranks to spawn (default 2)"
-    )
-    bench.add_argument(
-        "--sizes",
-        default="",
-        help="microbatch: comma-separated token counts (default 16,64,256,1024,4096,8192)",
-    )
-    bench.add_argument(
-        "--comm",
-        choices=["gloo", "modelled"],
-        default="gloo",
-        help="microbatch: gloo ranks over localhost, or one process whose collectives are "
-        "modelled delays (--alpha-us + --beta-ns per byte, the GIL released)",
-    )
-    bench.add_argument(
-        "--alpha-us",
-        type=float,
-        default=50.0,
-        help="microbatch --comm modelled: a collective's latency in us (default 50)",
-    )
-    bench.add_argument(
-        "--beta-ns",
-        type=float,
-        default=4.0,
-        help="microbatch --comm modelled: ns per byte a collective carries (default 4)",
-    )
-    bench.add_argument(
-        "--layers", type=int, default=None, help=f"tp, memory: layers ({default_help('layers')})"
-    )
-    bench.add_argument(
-        "--models",
-        default="",
-        help="decode, train: comma-separated models (default all: qwen2-moe, deepseek-v3, "
-        "llama); microbatch: (default both: tp, moe); serving-loop: (default all: moe, heads, "
-        "decode); suite-models, compile: "
-        "(default all of the model suite)",
-    )
-    bench.add_argument(
-        "--cases",
-        default="",
-        help="restart: comma-separated cases (default all: inductor, airstream <mode>, "
-        "cache_compile <mode>, auto_streams <mode>, ...; `airstream bench restart --json` "
-        "lists them)",
-    )
-    bench.add_argument(
-        "--device",
-        default="cpu",
-        help="moe, decode, branches-pointwise (and moe --mode): where the model runs, cpu or "
-        "cuda[:N] (CUDA streams and events; each timed call ends with a synchronize)",
-    )
-    bench.add_argument("--json", action="store_true", help="print the report as JSON")
-    bench.set_defaults(func=commands.bench)
+        ),
+        commands.bench,
+        (
+            arg("name", metavar="NAME", choices=list(BENCHES), help="a name listed above"),
+            arg(
+                "--rounds",
+                type=int,
+                default=None,
+                help="interleaved rounds (compile: fresh compiles each; restart: cold/warm process "
+                f"pairs per case) ({default_help('rounds')})",
+            ),
+            arg(
+                "--calls",
+                type=int,
+                default=None,
+                help=f"calls per round (memory: training steps) ({default_help('calls')})",
+            ),
+            arg("--ops", type=int, default=200, help="overhead: ops in the chain"),
+            arg("--experts", type=int, default=8, help="moe, threads: experts E (default 8)"),
+            arg("--tokens", type=int, default=None, help=f"tokens B ({default_help('tokens')})"),
+            arg(
+                "--hidden", type=int, default=None, help=f"hidden size H ({default_help('hidden')})"
+            ),
+            arg("--no-inductor", action="store_true", help="skip the Inductor runner"),
+            arg(
+                "--passes",
+                action="store_true",
+                help="moe: time the stream passes (moe_experts, ...)",
+            ),
+            arg(
+                "--mode",
+                choices=["reduce-overhead", "max-autotune", "both"],
+                default=None,
+                help="branches-pointwise, moe, decode --alone: the airstream modes to time "
+                "(default both)",
+            ),
+            arg(
+                "--alone",
+                action="store_true",
+                help="decode: each runner in a fresh process per round (one stream and "
+                "auto_streams "
+                "per --mode, and Inductor), as a serving process runs one configuration",
+            ),
+            arg(
+                "--no-compile-time",
+                action="store_true",
+                help="--mode: skip the compile-time measurements (fresh processes, cold/warm "
+                "cache)",
+            ),
+            arg("--nproc", type=int, default=2, help="tp, microbatch: ranks to spawn (default 2)"),
+            arg(
+                "--sizes",
+                default="",
+                help="microbatch: comma-separated token counts (default 16,64,256,1024,4096,8192)",
+            ),
+            arg(
+                "--comm",
+                choices=["gloo", "modelled"],
+                default="gloo",
+                help="microbatch: gloo ranks over localhost, or one process whose collectives are "
+                "modelled delays (--alpha-us + --beta-ns per byte, the GIL released)",
+            ),
+            arg(
+                "--alpha-us",
+                type=float,
+                default=50.0,
+                help="microbatch --comm modelled: a collective's latency in us (default 50)",
+            ),
+            arg(
+                "--beta-ns",
+                type=float,
+                default=4.0,
+                help="microbatch --comm modelled: ns per byte a collective carries (default 4)",
+            ),
+            arg(
+                "--layers",
+                type=int,
+                default=None,
+                help=f"tp, memory: layers ({default_help('layers')})",
+            ),
+            arg(
+                "--models",
+                default="",
+                help="decode, train: comma-separated models (default all: qwen2-moe, deepseek-v3, "
+                "llama); microbatch: (default both: tp, moe); serving-loop: (default all: moe, "
+                "heads, "
+                "decode); suite-models, compile: "
+                "(default all of the model suite)",
+            ),
+            arg(
+                "--cases",
+                default="",
+                help="restart: comma-separated cases (default all: inductor, airstream <mode>, "
+                "cache_compile <mode>, auto_streams <mode>, ...; `airstream bench restart --json` "
+                "lists them)",
+            ),
+            arg(
+                "--device",
+                default="cpu",
+                help="moe, decode, branches-pointwise (and moe --mode): where the model runs, cpu "
+                "or "
+                "cuda[:N] (CUDA streams and events; each timed call ends with a synchronize)",
+            ),
+            arg("--json", action="store_true", help="print the report as JSON"),
+        ),
+    ),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -372,14 +378,15 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (
-        _add_demo,
-        _add_explain,
-        _add_selftest,
-        _add_doctor,
-        _add_cache,
-        _add_run,
-        _add_bench,
-    ):
-        add(sub)
+    for command in COMMANDS:
+        added = sub.add_parser(
+            command.name,
+            help=command.summary,
+            description=command.description,
+            epilog="examples:\n" + "\n".join(f"  {line}" for line in command.examples),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        for argument in command.args:
+            added.add_argument(*argument.names, help=argument.help, **argument.options)
+        added.set_defaults(func=command.run)
     return parser
