@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from tests.conftest import assert_same, cause_of, compile_model, graph_of
+from tests.conftest import assert_same, cause_of, compile_model, graph_of, slow
 from tests.test_measured import TwoBranches, _config
 
 import airstream
@@ -210,6 +210,10 @@ def test_a_static_graph_decided_before_compiles_only_what_it_kept(
     assert sides == (set() if first.chosen == ONE_STREAM else {"side"})
 
 
+@slow(
+    "a transformers MoE compiled and measured per length (10 s)",
+    "tests/test_decisions.py::test_in_the_default_mode_each_range_runs_its_segments",
+)
 def test_a_real_moe_model_decides_its_shared_expert_stream_per_length() -> None:
     from airstream.selftest.models import ARCHS, airstream_config
 

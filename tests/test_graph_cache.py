@@ -279,6 +279,10 @@ def test_a_measured_placement_is_loaded_and_measured_again(
         assert {k: len(v) for k, v in measured.seconds.items()} == {ONE_STREAM: 2, PLACED: 2}
 
 
+@slow(
+    "Qwen2-MoE compiled twice in the default mode (21 s with Inductor's cache empty)",
+    "tests/test_graph_cache.py::test_a_second_compile_loads_the_graph_on_its_streams_without_running_the_passes",
+)
 @pytest.mark.usefixtures("default_mode")
 def test_a_transformers_moe_is_loaded_with_its_auto_streams_placement() -> None:
     """Real model code in the mode users get: Qwen2-MoE's forward (random weights, a static KV
