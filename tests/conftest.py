@@ -6,6 +6,7 @@ import getpass
 import os
 import shutil
 import signal
+import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -97,7 +98,10 @@ def _check_representatives(items: list[pytest.Item]) -> None:
         elif all(f.get_closest_marker("slow") is not None for f in found):
             problems.append(f"{item.nodeid}: its fast representative {fast} is slow too")
     if problems:
-        raise pytest.UsageError("slow tests:\n  " + "\n  ".join(problems))
+        message = "slow tests:\n  " + "\n  ".join(problems)
+        if os.environ.get("PYTEST_XDIST_WORKER"):  # xdist reports a worker's error as a crash
+            print(f"\n{message}\n", file=sys.__stderr__, flush=True)  # of the test it ran first
+        raise pytest.UsageError(message)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
